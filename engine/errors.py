@@ -1,0 +1,58 @@
+"""Typed failures. Each wire format maps these to its own status and body in one place."""
+
+from __future__ import annotations
+
+
+class ServeError(Exception):
+    """Base of every error a client can be told about."""
+
+    status: int = 500
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(ServeError):
+    status = 400
+
+
+class ContextTooLong(InvalidRequest):
+    """The prompt alone does not fit the model's context."""
+
+
+class NotFound(ServeError):
+    status = 404
+
+
+class MethodNotAllowed(ServeError):
+    status = 405
+
+
+class PayloadTooLarge(ServeError):
+    status = 413
+
+
+class Unauthorized(ServeError):
+    status = 401
+
+
+class QueueFull(ServeError):
+    status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineUnavailable(ServeError):
+    """The engine is loading, restarting or dead: try again later."""
+
+    status = 503
+
+
+class EngineFailed(ServeError):
+    """The engine broke while serving this request."""
+
+    status = 500

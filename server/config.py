@@ -1,0 +1,155 @@
+"""Command line and TOML configuration: mlx_lm.server's flags plus ours."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SECONDS = 1.0
+MIB = 1 << 20
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# mlx_lm.server flags whose behaviour we do not have yet: refused, never ignored.
+NOT_YET = ("draft_model", "kv_bits", "pipeline")
+
+
+@dataclass(slots=True)
+class Config:
+    """Every setting, with units in the names where they have units."""
+
+    model: str | None = None
+    adapter_path: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    temp: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 512
+    chat_template: str = ""
+    use_default_chat_template: bool = False
+    chat_template_args: dict[str, Any] = field(default_factory=dict)
+    log_level: str = "INFO"
+    trust_remote_code: bool = False
+    allowed_origins: list[str] = field(default_factory=list)
+    decode_concurrency: int = 32
+    prompt_concurrency: int = 8
+    prefill_step_size: int = 2048
+    prompt_cache_size: int = 10
+    prompt_cache_bytes: int | None = None
+    draft_model: str | None = None
+    num_draft_tokens: int = 3
+    kv_bits: int | None = None
+    pipeline: bool = False
+    max_body_bytes: int = 32 * MIB
+    heartbeat_s: float = 15 * SECONDS
+    startup_timeout_s: float = 600 * SECONDS
+    keep_alive_s: float = 75 * SECONDS
+    blas: str = "auto"
+    seed: int | None = None
+
+
+def _parse_size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _origins(text: str) -> list[str]:
+    return [o.strip() for o in text.split(",") if o.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mlx-serve",
+        description="OpenAI- and Anthropic-compatible LLM server on MLX (drop-in for mlx_lm.server).",
+        allow_abbrev=False,
+        argument_default=argparse.SUPPRESS,
+    )
+    a = p.add_argument
+    a("--config", help="TOML file with any of these settings (flags win)")
+    a("--model", help="model folder, Hugging Face repo id, or .gguf file (default: SmolLM2-135M-Instruct)")
+    a("--adapter-path", help="LoRA adapter folder")
+    a("--host", help="bind address (default 127.0.0.1)")
+    a("--port", type=int, help="port (default 8080)")
+    a("--temp", type=float, help="default temperature (0.0)")
+    a("--top-p", type=float, help="default top-p (1.0)")
+    a("--top-k", type=int, help="default top-k (0 = off)")
+    a("--min-p", type=float, help="default min-p (0.0 = off)")
+    a("--max-tokens", type=int, help="default max new tokens (512)")
+    a("--chat-template", help="chat template (Jinja text) replacing the model's")
+    a("--use-default-chat-template", action="store_true", help="use the tokenizer's default template")
+    a("--chat-template-args", type=_json_object, help="JSON object passed to the chat template")
+    a("--log-level", type=str.upper, choices=LOG_LEVELS)
+    a("--trust-remote-code", action="store_true", help="allow code from the model repo")
+    a("--allowed-origins", type=_origins, help="comma-separated CORS origins (default: CORS off)")
+    a("--decode-concurrency", type=int, help="rows decoded together (32)")
+    a("--prompt-concurrency", type=int, help="prompts prefilled together (8)")
+    a("--prefill-step-size", type=int, help="prefill chunk in tokens (2048)")
+    a("--prompt-cache-size", type=int, help="max prompt-cache entries (10)")
+    a("--prompt-cache-bytes", type=_parse_size, help="max prompt-cache bytes, e.g. 4G")
+    a("--draft-model", help="draft model for speculative decoding (not supported yet)")
+    a("--num-draft-tokens", type=int, help="draft tokens per step (3)")
+    a("--kv-bits", type=int, help="KV cache quantization bits (not supported yet)")
+    a("--pipeline", action="store_true", help="pipeline parallel (not supported yet)")
+    a("--max-body-bytes", type=_parse_size, help="largest request body (32M)")
+    a("--heartbeat-s", type=float, help="seconds between SSE keep-alive comments (15)")
+    a("--startup-timeout-s", type=float, help="seconds allowed for model loading (600)")
+    a("--keep-alive-s", type=float, help="idle HTTP keep-alive seconds (75)")
+    a("--blas", help="Linux CPU BLAS: auto (OpenBLAS when installed), bundled, or a .so path")
+    a("--seed", type=int, help="global random seed")
+    return p
+
+
+def load_config(argv: list[str] | None = None) -> Config:
+    """Defaults, then the TOML file, then flags. Unknown flags and keys are errors."""
+    parser = build_parser()
+    flags = vars(parser.parse_args(argv))
+    values: dict[str, Any] = {}
+    if "config" in flags:
+        values.update(_read_toml(Path(flags.pop("config")), parser))
+    values.update(flags)
+    cfg = Config(**values)
+    _check(cfg, parser)
+    return cfg
+
+
+def _read_toml(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        parser.error(f"--config {path}: {exc}")
+    known = {f.name for f in fields(Config)}
+    values = {k.replace("-", "_"): v for k, v in raw.items()}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        parser.error(f"--config {path}: unknown settings {', '.join(unknown)}")
+    if isinstance(values.get("prompt_cache_bytes"), str):
+        values["prompt_cache_bytes"] = _parse_size(values["prompt_cache_bytes"])
+    if isinstance(values.get("allowed_origins"), str):
+        values["allowed_origins"] = _origins(values["allowed_origins"])
+    return values
+
+
+def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
+    for name in NOT_YET:
+        if getattr(cfg, name):
+            parser.error(f"--{name.replace('_', '-')} is not supported yet")
+    if not 0 < cfg.port < 65536:
+        parser.error(f"--port {cfg.port} is out of range")
+    if cfg.max_tokens < 1:
+        parser.error("--max-tokens must be at least 1")
+    if cfg.log_level.upper() not in LOG_LEVELS:
+        parser.error(f"log level must be one of {', '.join(LOG_LEVELS)}")

@@ -1,0 +1,78 @@
+"""Shared aliases and the contracts between the server and the protocol modules."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from engine.errors import ServeError
+from engine.tokenizer import ChatTokenizer
+from engine.types import Finished, FinishReason, Request, TextDelta, Usage
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """Server-wide defaults a request falls back to (mlx_lm.server's --temp etc.)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 512
+    chat_template_args: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolContext:
+    """What a protocol module may know about the server: never sockets, never MLX."""
+
+    model_id: str
+    tokenizer: ChatTokenizer
+    defaults: Defaults
+    created: int
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A parsed API call: the engine request plus how the client wants the answer."""
+
+    request: Request
+    stream: bool
+    include_usage: bool = False
+    model: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A whole non-streamed generation."""
+
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+    stop_sequence: str | None = None
+
+
+class StreamRenderer(Protocol):
+    """Turns engine events into one wire format's SSE frames."""
+
+    def start(self) -> bytes: ...
+    def delta(self, event: TextDelta) -> bytes: ...
+    def finish(self, event: Finished) -> bytes: ...
+    def error(self, exc: ServeError) -> bytes: ...
+    def heartbeat(self) -> bytes: ...
+
+
+class WireFormat(Protocol):
+    """One protocol module's face towards the server."""
+
+    def parse(self, body: bytes, ctx: ProtocolContext) -> Job: ...
+    def renderer(self, job: Job, ctx: ProtocolContext) -> StreamRenderer: ...
+    def to_json(self, job: Job, result: Result, ctx: ProtocolContext) -> bytes: ...
+    def error_body(self, exc: ServeError) -> bytes: ...

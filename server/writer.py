@@ -1,0 +1,115 @@
+"""The one response writer: JSON bodies and SSE streams, for every wire format.
+
+It knows nothing of formats: a protocol's renderer turns events into bytes. It owns the
+headers, the heartbeats and the disconnect watch (Hypercorn's send() does not fail after
+a client leaves, so receive() is watched for http.disconnect and the engine told at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+
+from engine.engine import RequestStream
+from engine.errors import ServeError
+from engine.types import Finished, TextDelta
+from server.types import Receive, Result, Send, StreamRenderer
+
+Headers = list[tuple[bytes, bytes]]
+SSE_HEADERS: Headers = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+async def send_bytes(send: Send, status: int, body: bytes, content_type: bytes,
+                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + list(extra)})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(send: Send, status: int, body: bytes,
+                    extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    await send_bytes(send, status, body, b"application/json", extra)
+
+
+def watch_disconnect(receive: Receive, stream: RequestStream) -> asyncio.Task[None]:
+    """Cancel the engine request the moment the client goes away."""
+
+    async def watch() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                stream.cancel()
+                return
+
+    return asyncio.create_task(watch())
+
+
+async def collect(receive: Receive, stream: RequestStream) -> Result | None:
+    """Run a request to the end for a JSON answer; None if the client left first."""
+    watcher = watch_disconnect(receive, stream)
+    parts: list[str] = []
+    try:
+        while (ev := await stream.next()) is not None:
+            if isinstance(ev, TextDelta):
+                parts.append(ev.text)
+            elif isinstance(ev, Finished):
+                return Result("".join(parts), ev.reason, ev.usage, ev.stop_sequence)
+        return None
+    finally:
+        watcher.cancel()
+        stream.cancel()
+
+
+async def stream_sse(receive: Receive, send: Send, stream: RequestStream,
+                     renderer: StreamRenderer, heartbeat_s: float,
+                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """Headers, then one frame per event, heartbeats while quiet, an error frame on failure."""
+    watcher = watch_disconnect(receive, stream)
+    body = _body_sender(send)
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + list(extra)})
+        await body(renderer.start())
+        await _pump(stream, renderer, body, heartbeat_s)
+    finally:
+        watcher.cancel()
+        stream.cancel()
+        with contextlib.suppress(Exception):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _pump(stream: RequestStream, renderer: StreamRenderer,
+                body: _BodySender, heartbeat_s: float) -> None:
+    while True:
+        try:
+            async with asyncio.timeout(heartbeat_s):
+                ev = await stream.next()
+        except TimeoutError:
+            await body(renderer.heartbeat())
+            continue
+        except ServeError as exc:
+            await body(renderer.error(exc))
+            return
+        if ev is None:
+            return
+        if isinstance(ev, Finished):
+            await body(renderer.finish(ev))
+            return
+        await body(renderer.delta(ev))
+
+
+class _BodySender:
+    def __init__(self, send: Send) -> None:
+        self._send = send
+
+    async def __call__(self, chunk: bytes) -> None:
+        if chunk:
+            await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+def _body_sender(send: Send) -> _BodySender:
+    return _BodySender(send)

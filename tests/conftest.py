@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.models import smollm_folder, tiny_llama
+from tests.support.server_proc import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mlx-serve-cache")
+
+
+@pytest.fixture(scope="session")
+def smollm_path(cache_dir: Path) -> Path:
+    """SmolLM2-135M-Instruct converted by our GGUF loader (the default model)."""
+    return smollm_folder(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_path(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama(tmp_path_factory.mktemp("tiny") / "model", smollm_path)
+
+
+@pytest.fixture(scope="session")
+def smollm_server(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The real default model behind a real Hypercorn, started the way users start it."""
+    log = tmp_path_factory.mktemp("logs") / "smollm-server.log"
+    server = ServerProcess(["--model", str(smollm_path)], log)
+    yield server
+    server.close()

@@ -1,0 +1,160 @@
+"""Tier 3: the official openai SDK against a real Hypercorn serving the real default model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.server_proc import ServerProcess
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+STORY = [{"role": "user", "content": "Write a very long story about a dragon who learns to cook."}]
+
+
+@pytest.fixture(scope="module")
+def client(smollm_server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=smollm_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def oracle(smollm_path: Path) -> Any:
+    """mlx-lm's own greedy generation on the same folder: the reference text and token count."""
+    from mlx_lm import load, stream_generate
+
+    model, tokenizer = load(str(smollm_path))
+
+    def reference(messages: list[dict[str, str]] | None = None, prompt: str | None = None,
+                  max_tokens: int = 40) -> tuple[str, int]:
+        if messages is not None:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        else:
+            ids = tokenizer.encode(prompt)
+        text, n = "", 0
+        for resp in stream_generate(model, tokenizer, ids, max_tokens=max_tokens):
+            text, n = text + resp.text, resp.generation_tokens
+        return text, n
+
+    return reference
+
+
+def test_chat_answers_the_question(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="default", messages=QUESTION, max_tokens=30)
+    assert "Paris" in (r.choices[0].message.content or "")
+    assert r.choices[0].finish_reason == "stop"
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.usage is not None and r.usage.prompt_tokens > 5
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_greedy_matches_mlx_lm_generate(client: openai.OpenAI, oracle: Any) -> None:
+    for messages in (QUESTION, STORY):
+        want, n = oracle(messages=messages, max_tokens=40)
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=40, temperature=0)
+        assert r.choices[0].message.content == want
+        assert r.usage is not None and r.usage.completion_tokens == n
+
+
+def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
+    whole = client.chat.completions.create(model="m", messages=STORY, max_tokens=48)
+    stream = client.chat.completions.create(model="m", messages=STORY, max_tokens=48, stream=True,
+                                            stream_options={"include_usage": True})
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert finish == "length" == whole.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == 48
+
+
+def test_completions_greedy_matches_mlx_lm_generate(client: openai.OpenAI, oracle: Any) -> None:
+    prompt = "The three primary colors are"
+    want, n = oracle(prompt=prompt, max_tokens=24)
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=24, temperature=0)
+    assert r.choices[0].text == want and r.usage is not None and r.usage.completion_tokens == n
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="m", prompt=prompt, max_tokens=24, stream=True) if c.choices)
+    assert streamed == want
+
+
+def test_chat_stop_string_is_not_leaked(client: openai.OpenAI, oracle: Any) -> None:
+    want, _ = oracle(messages=QUESTION, max_tokens=30)
+    stop = "France"
+    assert stop in want
+    r = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=30, stop=[stop])
+    assert r.choices[0].message.content == want[: want.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="m", messages=QUESTION, max_tokens=30, stop=stop, stream=True) if c.choices)
+    assert streamed == want[: want.index(stop)]
+
+
+def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
+    def once(seed: int) -> str:
+        r = client.chat.completions.create(model="m", messages=STORY, max_tokens=24, temperature=1.0,
+                                           seed=seed)
+        return r.choices[0].message.content or ""
+
+    assert once(7) == once(7)
+    assert len({once(s) for s in (1, 2, 3)}) > 1
+
+
+def test_bad_requests_get_openai_400s(client: openai.OpenAI, smollm_server: ServerProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=QUESTION, temperature=5)
+    assert "temperature" in str(e.value)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="m", messages=[])
+    url = smollm_server.url + "/v1/chat/completions"
+    for body in (b"{", b'{"messages": "hi"}', b'{"model": "m"}', b'{"messages": [{"role": 3}]}'):
+        r = httpx.post(url, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400, body
+        err = r.json()["error"]
+        assert set(err) >= {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert client.chat.completions.create(model="m", messages=QUESTION, max_tokens=5).choices
+
+
+def test_disconnect_mid_stream_stops_generation(smollm_server: ServerProcess) -> None:
+    before = smollm_server.stats()
+    body = {"messages": STORY, "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", smollm_server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        for n, _ in enumerate(r.iter_lines()):
+            if n >= 6:
+                break
+    deadline = time.monotonic() + 10
+    while smollm_server.stats()["requests_aborted"] == before["requests_aborted"]:
+        assert time.monotonic() < deadline, "engine never saw the disconnect"
+        time.sleep(0.05)
+    settled = smollm_server.stats()["generated_tokens"]
+    time.sleep(0.5)
+    assert smollm_server.stats()["generated_tokens"] == settled
+    assert int(settled) - int(before["generated_tokens"]) < 200  # far from the 2000 asked for
+
+
+def test_health_answers_while_generating(smollm_server: ServerProcess) -> None:
+    answers: list[float] = []
+    done = threading.Event()
+
+    def generate() -> None:
+        httpx.post(smollm_server.url + "/v1/chat/completions",
+                   json={"messages": STORY, "max_tokens": 120}, timeout=120)
+        done.set()
+
+    t = threading.Thread(target=generate)
+    t.start()
+    while not done.is_set():
+        start = time.perf_counter()
+        assert httpx.get(smollm_server.url + "/health", timeout=5).status_code == 200
+        answers.append(time.perf_counter() - start)
+        time.sleep(0.02)
+    t.join()
+    assert len(answers) >= 10  # the loop kept answering throughout the generation

@@ -1,0 +1,231 @@
+"""Tier 2: the ASGI app and the one writer, with a fake engine and hand-driven receive/send."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import orjson
+
+from engine.engine import Engine
+from server.app import App
+from server.config import Config
+from tests.support.asgi import call, wait_until
+from tests.support.fake_engine import fake_engine
+
+CHAT = orjson.dumps({"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50})
+CHAT_STREAM = orjson.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                            "stream_options": {"include_usage": True}, "max_tokens": 50})
+
+
+def started(engine: Engine, **config: Any) -> App:
+    app = App(Config(**config), engine)
+    engine.start()
+    return app
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def ready(app: App) -> App:
+    await app.engine.wait_ready()
+    return app
+
+
+def test_app_chat_json_collects_every_piece() -> None:
+    engine, _ = fake_engine(["Hel", "lo", "!"])
+
+    async def go() -> Any:
+        app = await ready(started(engine))
+        return await call(app, "POST", "/v1/chat/completions", CHAT)
+
+    r = run(go())
+    assert r.status == 200 and r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == "Hello!"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] == 3
+
+
+def test_app_chat_stream_frames_in_order_and_done() -> None:
+    engine, _ = fake_engine(["a", "b"])
+
+    async def go() -> Any:
+        app = await ready(started(engine))
+        return await call(app, "POST", "/v1/chat/completions", CHAT_STREAM)
+
+    r = run(go())
+    assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["x-accel-buffering"] == "no"
+    data = r.sse_data()
+    assert data[-1] == "[DONE]"
+    chunks = [orjson.loads(d) for d in data[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "ab"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
+
+
+def test_app_stream_sends_heartbeats_while_quiet() -> None:
+    engine, _ = fake_engine(["a", "b"], step_s=0.35)
+
+    async def go() -> Any:
+        app = await ready(started(engine, heartbeat_s=0.1))
+        return await call(app, "POST", "/v1/chat/completions", CHAT_STREAM)
+
+    r = run(go())
+    assert b": keep-alive" in r.body
+    assert r.sse_data()[-1] == "[DONE]"
+
+
+def test_app_disconnect_mid_stream_aborts_engine_at_once() -> None:
+    engine, runners = fake_engine([f"t{i} " for i in range(200)], step_s=0.01)
+
+    async def go() -> Any:
+        app = await ready(started(engine))
+        r = await call(app, "POST", "/v1/chat/completions", CHAT_STREAM.replace(b'"max_tokens":50', b'"max_tokens":200'),
+                       disconnect_after_chunks=3)
+        await wait_until(lambda: engine.counters.requests_aborted == 1)
+        return r
+
+    run(go())
+    assert runners[0].steps_taken and runners[0].steps_taken[0] < 20
+
+
+def test_app_disconnect_while_waiting_for_json_aborts() -> None:
+    engine, runners = fake_engine([f"t{i} " for i in range(300)], step_s=0.01)
+
+    async def go() -> None:
+        app = await ready(started(engine))
+        r = await call(app, "POST", "/v1/chat/completions",
+                       CHAT.replace(b'"max_tokens":50', b'"max_tokens":300'), disconnect_after_s=0.2)
+        assert r.status == 0  # nothing was sent to a client that left
+        await wait_until(lambda: engine.counters.requests_aborted == 1)
+
+    run(go())
+    assert runners[0].steps_taken[0] < 100
+
+
+def test_app_engine_fault_mid_stream_sends_error_frame() -> None:
+    engine, _ = fake_engine(["a", "b", "c"], fail_after=1)
+
+    async def go() -> Any:
+        app = await ready(started(engine))
+        r = await call(app, "POST", "/v1/chat/completions", CHAT_STREAM)
+        ok = await call(app, "POST", "/v1/chat/completions", CHAT_STREAM)
+        return r, ok
+
+    r, _ = run(go())
+    data = r.sse_data()
+    assert data[-1] == "[DONE]"
+    err = orjson.loads(data[-2])["error"]
+    assert err["type"] == "server_error" and "simulated engine fault" in err["message"]
+
+
+def test_app_engine_fault_before_any_token_is_500_json() -> None:
+    engine, _ = fake_engine(["a"], fail_after=0)
+
+    async def go() -> Any:
+        app = await ready(started(engine))
+        return await call(app, "POST", "/v1/chat/completions", CHAT)
+
+    r = run(go())
+    assert r.status == 500 and r.json()["error"]["type"] == "server_error"
+
+
+def test_app_health_is_503_while_loading_then_200() -> None:
+    gate = threading.Event()
+    engine, _ = fake_engine(["a"], load_gate=gate)
+
+    async def go() -> tuple[Any, Any, Any]:
+        app = started(engine)
+        loading = await call(app, "GET", "/health")
+        busy = await call(app, "POST", "/v1/chat/completions", CHAT)
+        gate.set()
+        await app.engine.wait_ready()
+        return loading, busy, await call(app, "GET", "/health")
+
+    loading, busy, ok = run(go())
+    assert loading.status == 503 and loading.json()["status"] == "loading"
+    assert busy.status == 503 and busy.json()["error"]["type"] == "server_error"
+    assert ok.status == 200 and ok.json() == {"status": "ok"}
+
+
+def test_app_health_is_503_when_model_failed_to_load() -> None:
+    engine, _ = fake_engine(["a"], load_error="no weights")
+
+    async def go() -> Any:
+        app = started(engine)
+        await wait_until(lambda: engine.state.value == "failed")
+        return await call(app, "GET", "/health")
+
+    r = run(go())
+    assert r.status == 503 and "no weights" in r.json()["error"]
+
+
+def test_app_body_over_limit_is_413() -> None:
+    engine, _ = fake_engine(["a"])
+
+    async def go() -> Any:
+        app = await ready(started(engine, max_body_bytes=100))
+        return await call(app, "POST", "/v1/chat/completions", b"x" * 101)
+
+    r = run(go())
+    assert r.status == 413 and "limit" in r.json()["error"]["message"]
+
+
+def test_app_unknown_route_is_404_and_wrong_method_405() -> None:
+    engine, _ = fake_engine(["a"])
+
+    async def go() -> tuple[Any, Any]:
+        app = await ready(started(engine))
+        return await call(app, "GET", "/v2/nothing"), await call(app, "GET", "/v1/chat/completions")
+
+    missing, wrong = run(go())
+    assert missing.status == 404 and missing.json()["error"]["message"].startswith("no route")
+    assert wrong.status == 405
+
+
+def test_app_models_lists_the_served_model() -> None:
+    engine, _ = fake_engine(["a"])
+
+    async def go() -> tuple[Any, Any, Any]:
+        app = await ready(started(engine))
+        return (await call(app, "GET", "/v1/models"), await call(app, "GET", "/v1/models/fake-model"),
+                await call(app, "GET", "/v1/models/other"))
+
+    listing, one, other = run(go())
+    assert listing.json()["data"][0]["id"] == "fake-model" and listing.json()["object"] == "list"
+    assert one.json()["id"] == "fake-model" and one.json()["object"] == "model"
+    assert other.status == 404
+
+
+def test_app_bad_json_is_400_and_engine_keeps_serving() -> None:
+    engine, _ = fake_engine(["ok"])
+
+    async def go() -> tuple[Any, Any]:
+        app = await ready(started(engine))
+        return (await call(app, "POST", "/v1/chat/completions", b"{not json"),
+                await call(app, "POST", "/v1/chat/completions", CHAT))
+
+    bad, good = run(go())
+    assert bad.status == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    assert good.status == 200
+
+
+def test_app_cors_only_when_origins_allowed() -> None:
+    engine, _ = fake_engine(["a"])
+    origin = [(b"origin", b"https://app.example")]
+
+    async def go() -> tuple[Any, Any]:
+        closed = await ready(started(engine))
+        engine2, _ = fake_engine(["a"])
+        open_ = await ready(started(engine2, allowed_origins=["https://app.example"]))
+        return (await call(closed, "GET", "/health", headers=origin),
+                await call(open_, "GET", "/health", headers=origin))
+
+    closed, open_ = run(go())
+    assert "access-control-allow-origin" not in closed.headers
+    assert open_.headers["access-control-allow-origin"] == "https://app.example"

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from server.config import load_config
+
+
+def test_config_defaults_match_mlx_lm_server() -> None:
+    c = load_config([])
+    assert (c.host, c.port, c.temp, c.top_p, c.top_k, c.min_p, c.max_tokens) == (
+        "127.0.0.1", 8080, 0.0, 1.0, 0, 0.0, 512)
+
+
+def test_config_accepts_mlx_lm_flags() -> None:
+    c = load_config(["--model", "m", "--host", "0.0.0.0", "--port", "9", "--temp", "0.7",
+                     "--top-p", "0.9", "--top-k", "40", "--min-p", "0.05", "--max-tokens", "64",
+                     "--chat-template", "{{x}}", "--chat-template-args", '{"enable_thinking": false}',
+                     "--log-level", "debug"])
+    assert c.model == "m" and c.port == 9 and c.top_k == 40 and c.log_level == "DEBUG"
+    assert c.chat_template_args == {"enable_thinking": False}
+
+
+def test_config_unknown_flag_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_config(["--no-such-flag"])
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_config_abbreviated_flag_is_an_error() -> None:
+    with pytest.raises(SystemExit):
+        load_config(["--mod", "x"])
+
+
+def test_config_toml_then_flags_win(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('model = "a"\nport = 9001\ntop-k = 5\nprompt_cache_bytes = "2G"\n')
+    c = load_config(["--config", str(f), "--port", "9002"])
+    assert (c.model, c.port, c.top_k, c.prompt_cache_bytes) == ("a", 9002, 5, 2 << 30)
+
+
+def test_config_toml_unknown_key_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("modle = 'typo'\n")
+    with pytest.raises(SystemExit):
+        load_config(["--config", str(f)])
+    assert "modle" in capsys.readouterr().err
+
+
+def test_config_refuses_features_not_built_yet() -> None:
+    with pytest.raises(SystemExit):
+        load_config(["--kv-bits", "4"])

@@ -1,0 +1,41 @@
+"""Real models for tests: SmolLM2 converted from its GGUF, and a tiny random llama with its tokenizer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "generation_config.json")
+
+
+def smollm_folder(cache: Path) -> Path:
+    from engine.gguf import convert_gguf
+    from engine.loader import default_gguf
+
+    return convert_gguf(default_gguf(), cache_root=cache)
+
+
+def tiny_llama(out: Path, tokenizer_from: Path, *, seed: int = 0) -> Path:
+    """A 2-layer random-weight llama (float32) sharing SmolLM2's tokenizer and template."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    if (out / "model.safetensors").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0,
+              "tie_word_embeddings": True, "max_position_embeddings": 8192}
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    weights = {k: v * 8 if "embed" in k else v for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    (out / "config.json").write_text(json.dumps(config))
+    for name in TOKENIZER_FILES:
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, out / name)
+    return out
