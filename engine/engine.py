@@ -1,7 +1,7 @@
-"""The engine as the server sees it: load, submit, stream events, abort.
+"""The engine as the server sees it: load, submit, stream events, cancel.
 
-All MLX work happens on one owner thread; the event loop only moves events. Events cross
-back with `call_soon_threadsafe` into a per-request asyncio queue.
+All MLX work happens on one owner thread (engine.core.Core); the event loop only moves
+events. Events cross back with `call_soon_threadsafe` into a per-request asyncio queue.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ import enum
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
-from engine.errors import EngineFailed, EngineUnavailable, ServeError
-from engine.types import Aborted, Counters, Event, Finished, Request, TextDelta
+from engine.core import Core, Ticket
+from engine.errors import EngineUnavailable, ServeError
+from engine.types import Counters, Event, Finished, Request
 
 log = logging.getLogger("mlx_serve.engine")
+CANCELLED = object()
 
 
 class EngineState(enum.Enum):
@@ -28,44 +29,25 @@ class EngineState(enum.Enum):
     STOPPED = "stopped"
 
 
-CANCELLED = object()
-
-
-class Runner(Protocol):
-    """Runs one request on the owner thread, checking `is_aborted` at every step."""
-
-    def run(self, req: Request, is_aborted: Callable[[], bool]) -> Iterator[Event]: ...
-
-
-@dataclass(slots=True)
-class _Ticket:
-    """A submitted request and the way back to its consumer."""
-
-    request: Request
-    emit: Callable[[Event | ServeError], None]
-    aborted: threading.Event = field(default_factory=threading.Event)
-
-
 class RequestStream:
     """The consumer's end of one request: `await next()` until a Finished event."""
 
     def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
         self._events: asyncio.Queue[Event | ServeError | object] = asyncio.Queue()
         put = self._events.put_nowait
-        self.ticket = _Ticket(request, lambda ev: loop.call_soon_threadsafe(put, ev))
+        self.ticket = Ticket(request, lambda ev: loop.call_soon_threadsafe(put, ev))
         self.request = request
         self.done = False
 
     async def next(self) -> Event | None:
         """The next event; None once cancelled. Raises the engine's error for this request."""
-        ev = await self._events.get()
+        ev: Any = await self._events.get()
         if ev is CANCELLED:
             self.done = True
             return None
         if isinstance(ev, ServeError):
             self.done = True
             raise ev
-        assert isinstance(ev, (Finished, TextDelta))
         self.done = isinstance(ev, Finished)
         return ev
 
@@ -86,13 +68,12 @@ class RequestStream:
 
 
 class Engine:
-    """Owns the model and the MLX thread. `load` is blocking; call it off the loop."""
+    """Owns the model and the MLX thread. Loading happens on that thread after `start()`."""
 
-    def __init__(self, loader: Callable[[], Any], make_runner: Callable[[Any, Counters], Runner]) -> None:
+    def __init__(self, loader: Callable[[], Any], make_core: Callable[[Any, Counters], Core]) -> None:
         self._loader = loader
-        self._make_runner = make_runner
-        self._inbox: queue.SimpleQueue[_Ticket | None] = queue.SimpleQueue()
-        self._tickets: dict[str, _Ticket] = {}
+        self._make_core = make_core
+        self._inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.state = EngineState.LOADING
         self.error: str | None = None
@@ -100,7 +81,6 @@ class Engine:
         self.loaded: Any = None
 
     def start(self) -> None:
-        """Load the model on the owner thread and begin serving."""
         self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
         self._thread.start()
 
@@ -125,42 +105,20 @@ class Engine:
         if not self.ready:
             raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
         stream = RequestStream(request, asyncio.get_running_loop())
-        self._tickets[request.id] = stream.ticket
         self._inbox.put(stream.ticket)
         return stream
-
-    def abort(self, request_id: str) -> None:
-        ticket = self._tickets.get(request_id)
-        if ticket is not None:
-            ticket.aborted.set()
 
     def _main(self) -> None:
         try:
             self.loaded = self._loader()
+            core = self._make_core(self.loaded, self.counters)
         except Exception as exc:  # noqa: BLE001 - any load failure makes the engine unusable
             log.exception("model failed to load")
             self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED
             return
-        runner = self._make_runner(self.loaded, self.counters)
         self.state = EngineState.READY
-        while (ticket := self._inbox.get()) is not None:
-            self._serve(runner, ticket)
-
-    def _serve(self, runner: Runner, ticket: _Ticket) -> None:
-        if ticket.aborted.is_set():
-            self.counters.requests_aborted += 1
-            self._tickets.pop(ticket.request.id, None)
-            return
-        self.counters.requests_started += 1
         try:
-            for ev in runner.run(ticket.request, ticket.aborted.is_set):
-                ticket.emit(ev)
-            self.counters.requests_finished += 1
-        except Aborted:
-            self.counters.requests_aborted += 1
-        except Exception as exc:  # noqa: BLE001 - a fault fails this request, not the server
-            log.exception("generation failed for %s", ticket.request.id)
-            self.counters.requests_failed += 1
-            ticket.emit(EngineFailed(f"generation failed: {type(exc).__name__}: {exc}"))
-        finally:
-            self._tickets.pop(ticket.request.id, None)
+            core.serve(self._inbox)
+        except BaseException as exc:  # the loop itself broke: say so on /health
+            log.exception("engine loop died")
+            self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED

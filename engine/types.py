@@ -42,6 +42,7 @@ class Request:
 class FinishReason(enum.Enum):
     STOP = "stop"
     LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +65,38 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """Model reasoning (a `<think>` span), kept apart from the answer."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    """A tool call begins: its position in this turn, its id and the function's name."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallArgsDelta:
+    """More of a tool call's JSON arguments text."""
+
+    index: int
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
 
 
-Event = TextDelta | Finished
+Delta = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta
+Event = Delta | Finished
 
 
 class Aborted(Exception):

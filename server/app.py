@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import orjson
 
@@ -155,7 +155,7 @@ class App:
             defaults = Defaults(c.temp, c.top_p, c.top_k, c.min_p, c.max_tokens, c.chat_template_args)
             tokenizer = ChatTokenizer(self.engine.loaded.tokenizer, c.chat_template_args)
             self._ctx = ProtocolContext(self.engine.loaded.model_id, tokenizer, defaults, self.created)
-        return self._ctx
+        return replace(self._ctx, created=int(time.time()))
 
     # -- CORS ----------------------------------------------------------------------------
 

@@ -40,6 +40,23 @@ def make_loader(config: Config) -> Any:
     return load
 
 
+def make_core_factory(config: Config) -> Any:
+    def make_core(loaded: Any, counters: Any) -> Any:
+        from engine.core import Core
+        from engine.runner import BatchRunner
+        from engine.scheduler import Scheduler, SchedulerConfig
+
+        sched = Scheduler(SchedulerConfig(max_running=config.decode_concurrency,
+                                          max_prefilling=config.prompt_concurrency,
+                                          token_budget=config.prefill_step_size,
+                                          max_waiting=config.max_queue),
+                          frozenset(loaded.tokenizer.eos_token_ids))
+        runner = BatchRunner(loaded.model, prefill_step_size=config.prefill_step_size)
+        return Core(sched, runner, loaded.tokenizer, counters)
+
+    return make_core
+
+
 def banner(config: Config, loaded: Any) -> str:
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -68,14 +85,9 @@ async def serve(config: Config) -> None:
     from hypercorn.config import Config as HypercornConfig
 
     from engine.engine import Engine
-    from engine.generate import SingleStream
-    from engine.types import Counters
     from server.app import App
 
-    def make_runner(loaded: Any, counters: Counters) -> SingleStream:
-        return SingleStream(loaded.model, loaded.tokenizer, counters, config.prefill_step_size)
-
-    engine = Engine(make_loader(config), make_runner)
+    engine = Engine(make_loader(config), make_core_factory(config))
     app = App(config, engine)
     hc = HypercornConfig()
     hc.bind = [f"{_url_host(config.host)}:{config.port}"]

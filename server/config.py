@@ -38,6 +38,7 @@ class Config:
     decode_concurrency: int = 32
     prompt_concurrency: int = 8
     prefill_step_size: int = 2048
+    max_queue: int = 64
     prompt_cache_size: int = 10
     prompt_cache_bytes: int | None = None
     draft_model: str | None = None
@@ -97,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--allowed-origins", type=_origins, help="comma-separated CORS origins (default: CORS off)")
     a("--decode-concurrency", type=int, help="rows decoded together (32)")
     a("--prompt-concurrency", type=int, help="prompts prefilled together (8)")
-    a("--prefill-step-size", type=int, help="prefill chunk in tokens (2048)")
+    a("--prefill-step-size", type=int, help="prefill chunk in tokens, and the per-step token budget (2048)")
+    a("--max-queue", type=int, help="requests allowed to wait for a batch slot before 429 (64)")
     a("--prompt-cache-size", type=int, help="max prompt-cache entries (10)")
     a("--prompt-cache-bytes", type=_parse_size, help="max prompt-cache bytes, e.g. 4G")
     a("--draft-model", help="draft model for speculative decoding (not supported yet)")

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from engine.errors import ServeError
 from engine.tokenizer import ChatTokenizer
-from engine.types import Finished, FinishReason, Request, TextDelta, Usage
+from engine.types import Delta, Finished, FinishReason, Request, Usage
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -50,6 +50,13 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class Result:
     """A whole non-streamed generation."""
 
@@ -57,13 +64,15 @@ class Result:
     finish_reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class StreamRenderer(Protocol):
     """Turns engine events into one wire format's SSE frames."""
 
     def start(self) -> bytes: ...
-    def delta(self, event: TextDelta) -> bytes: ...
+    def delta(self, event: Delta) -> bytes: ...
     def finish(self, event: Finished) -> bytes: ...
     def error(self, exc: ServeError) -> bytes: ...
     def heartbeat(self) -> bytes: ...

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 from engine.engine import RequestStream
 from engine.errors import ServeError
-from engine.types import Finished, TextDelta
-from server.types import Receive, Result, Send, StreamRenderer
+from engine.types import Delta, Finished, ReasoningDelta, TextDelta, ToolCallStart
+from server.types import Receive, Result, Send, StreamRenderer, ToolCall
 
 Headers = list[tuple[bytes, bytes]]
 SSE_HEADERS: Headers = [
@@ -52,17 +52,40 @@ def watch_disconnect(receive: Receive, stream: RequestStream) -> asyncio.Task[No
 async def collect(receive: Receive, stream: RequestStream) -> Result | None:
     """Run a request to the end for a JSON answer; None if the client left first."""
     watcher = watch_disconnect(receive, stream)
-    parts: list[str] = []
+    acc = Accumulator()
     try:
         while (ev := await stream.next()) is not None:
-            if isinstance(ev, TextDelta):
-                parts.append(ev.text)
-            elif isinstance(ev, Finished):
-                return Result("".join(parts), ev.reason, ev.usage, ev.stop_sequence)
+            if isinstance(ev, Finished):
+                return acc.result(ev)
+            acc.add(ev)
         return None
     finally:
         watcher.cancel()
         stream.cancel()
+
+
+class Accumulator:
+    """Gathers streamed deltas into the parts of a whole answer."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, list[str]] = {}
+
+    def add(self, ev: Delta) -> None:
+        if isinstance(ev, TextDelta):
+            self.text.append(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            self.reasoning.append(ev.text)
+        elif isinstance(ev, ToolCallStart):
+            self.calls[ev.index] = [ev.id, ev.name, ""]
+        else:
+            self.calls[ev.index][2] += ev.arguments
+
+    def result(self, fin: Finished) -> Result:
+        calls = tuple(ToolCall(*self.calls[i]) for i in sorted(self.calls))
+        return Result("".join(self.text), fin.reason, fin.usage, fin.stop_sequence,
+                      "".join(self.reasoning), calls)
 
 
 async def stream_sse(receive: Receive, send: Send, stream: RequestStream,
@@ -70,7 +93,7 @@ async def stream_sse(receive: Receive, send: Send, stream: RequestStream,
                      extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """Headers, then one frame per event, heartbeats while quiet, an error frame on failure."""
     watcher = watch_disconnect(receive, stream)
-    body = _body_sender(send)
+    body = _BodySender(send)
     try:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + list(extra)})
         await body(renderer.start())
@@ -109,7 +132,3 @@ class _BodySender:
     async def __call__(self, chunk: bytes) -> None:
         if chunk:
             await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
-
-
-def _body_sender(send: Send) -> _BodySender:
-    return _BodySender(send)

@@ -46,7 +46,7 @@ def test_app_chat_json_collects_every_piece() -> None:
     body = r.json()
     assert body["choices"][0]["message"]["content"] == "Hello!"
     assert body["choices"][0]["finish_reason"] == "stop"
-    assert body["usage"]["completion_tokens"] == 3
+    assert body["usage"]["completion_tokens"] == 4  # three pieces and the EOS, as mlx-lm counts
 
 
 def test_app_chat_stream_frames_in_order_and_done() -> None:
@@ -65,7 +65,7 @@ def test_app_chat_stream_frames_in_order_and_done() -> None:
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == "ab"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
 
 
 def test_app_stream_sends_heartbeats_while_quiet() -> None:

@@ -1,28 +1,49 @@
-"""A fake engine for tier-2 tests: scripted events, real threads, no MLX."""
+"""A fake engine for tier-2 tests: the real scheduler and core loop, a scripted runner, no MLX."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.core import Core
 from engine.engine import Engine
-from engine.errors import EngineFailed
 from engine.loader import LoadedModel
-from engine.types import Aborted, Counters, Event, Finished, FinishReason, Request, TextDelta, Usage
+from engine.scheduler import Scheduler, SchedulerConfig, StepOutput, StepPlan
+from engine.types import Counters, Request
+
+EOS = 0
+
+
+class FakeDetokenizer:
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+        self.last_segment = ""
+
+    def add_token(self, token: int) -> None:
+        self.last_segment = self.pieces[token - 1]
+
+    def finalize(self) -> None:
+        self.last_segment = ""
 
 
 class FakeTokenizer:
-    """Enough of mlx-lm's TokenizerWrapper for the protocols: one id per character."""
+    """Enough of mlx-lm's TokenizerWrapper: one id per character in, scripted pieces out."""
 
-    eos_token_ids = {0}
     has_chat_template = True
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+        self.eos_token_ids = {EOS}
 
     def __len__(self) -> int:
         return 1000
+
+    @property
+    def detokenizer(self) -> FakeDetokenizer:
+        return FakeDetokenizer(self.pieces)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) % 1000 for c in text]
@@ -37,34 +58,43 @@ class FakeTokenizer:
 
 @dataclass(slots=True)
 class ScriptedRunner:
-    """Emits `pieces` one per step, `step_s` apart; can fail after `fail_after` pieces."""
+    """Row k-th token is id k (piece k-1), then EOS; `step_s` per step; a fault after `fail_after`."""
 
-    counters: Counters
     pieces: list[str]
     step_s: float = 0.0
     fail_after: int | None = None
+    rows: dict[str, int] = field(default_factory=dict)
     steps_taken: list[int] = field(default_factory=list)
+    max_rows_seen: int = 0
 
-    def run(self, req: Request, is_aborted: Callable[[], bool]) -> Iterator[Event]:
-        n = 0
-        for i, piece in enumerate(self.pieces[: req.max_tokens]):
-            if is_aborted():
-                self.steps_taken.append(n)
-                raise Aborted
-            if self.fail_after is not None and i == self.fail_after:
+    def admit(self, request: Request, cache: Any = None, num_cached: int = 0) -> None:
+        self.rows[request.id] = -1
+
+    def step(self, plan: StepPlan) -> StepOutput:
+        for seq_id in plan.release:
+            if seq_id in self.rows:
+                self.steps_taken.append(max(self.rows.pop(seq_id), 0))
+        for chunk in plan.prefill:
+            if chunk.final:
+                self.rows[chunk.seq_id] = 0
+        live = {s: n for s, n in self.rows.items() if n >= 0}
+        self.max_rows_seen = max(self.max_rows_seen, len(live))
+        time.sleep(self.step_s)
+        out = {}
+        for seq_id, n in live.items():
+            if self.fail_after is not None and n == self.fail_after:
                 raise RuntimeError("simulated engine fault")
-            time.sleep(self.step_s)
-            n += 1
-            self.counters.generated_tokens += 1
-            yield TextDelta(piece, (i,))
-        self.steps_taken.append(n)
-        reason = FinishReason.LENGTH if n == req.max_tokens else FinishReason.STOP
-        yield Finished(reason, Usage(len(req.prompt_tokens), n))
+            self.rows[seq_id] = n + 1
+            out[seq_id] = n + 1 if n < len(self.pieces) else EOS
+        return StepOutput(out)
+
+    def reset(self) -> None:
+        self.rows.clear()
 
 
 def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | None = None,
-                load_gate: threading.Event | None = None, load_error: str | None = None
-                ) -> tuple[Engine, list[ScriptedRunner]]:
+                load_gate: threading.Event | None = None, load_error: str | None = None,
+                max_running: int = 32, max_waiting: int = 64) -> tuple[Engine, list[ScriptedRunner]]:
     runners: list[ScriptedRunner] = []
 
     def load() -> LoadedModel:
@@ -72,13 +102,12 @@ def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | Non
             load_gate.wait(10)
         if load_error:
             raise RuntimeError(load_error)
-        return LoadedModel(model=None, tokenizer=FakeTokenizer(), model_id="fake-model", path=Path("."))
+        return LoadedModel(model=None, tokenizer=FakeTokenizer(pieces), model_id="fake-model", path=Path("."))
 
-    def make_runner(loaded: Any, counters: Counters) -> ScriptedRunner:
-        runners.append(ScriptedRunner(counters, pieces, step_s, fail_after))
-        return runners[-1]
+    def make_core(loaded: LoadedModel, counters: Counters) -> Core:
+        runners.append(ScriptedRunner(pieces, step_s, fail_after))
+        config = SchedulerConfig(max_running=max_running, max_waiting=max_waiting)
+        scheduler = Scheduler(config, frozenset({EOS}))
+        return Core(scheduler, runners[-1], loaded.tokenizer, counters)
 
-    return Engine(load, make_runner), runners
-
-
-__all__ = ["EngineFailed", "fake_engine", "FakeTokenizer", "ScriptedRunner"]
+    return Engine(load, make_core), runners

@@ -1,0 +1,88 @@
+"""Batched forward passes on MLX, over mlx-lm's prompt and generation batches.
+
+Each admitted sequence is prefilled alone, chunk by chunk, in its own KV cache (so its prompt
+numerics are those of a lone request); on its last chunk it joins the running generation
+batch, whose caches are mlx-lm's left-padded batch caches. Leaving is a filter of that batch.
+mlx-lm's GenerationBatch pipelines: the next step's forward is queued before the current
+step's tokens are read, so Python bookkeeping overlaps the accelerator.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch, PromptProcessingBatch, StopSequences, generation_stream
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
+
+from engine.sampling import make_row_processors, make_row_sampler
+from engine.scheduler import StepOutput, StepPlan
+from engine.types import Request
+
+NO_LIMIT = 1 << 40  # the scheduler decides when a row ends, not mlx-lm
+
+
+class BatchRunner:
+    """Owns the KV caches and the model calls. Called only from the engine's owner thread."""
+
+    def __init__(self, model: Any, *, prefill_step_size: int = 2048) -> None:
+        self.model = model
+        self.prefill_step_size = prefill_step_size
+        self._uids = itertools.count()
+        self._uid_of: dict[str, int] = {}
+        self._seq_of: dict[int, str] = {}
+        self._requests: dict[str, Request] = {}
+        self._prompts: dict[str, PromptProcessingBatch] = {}
+        self._gen = GenerationBatch.empty(model, greedy_sampler)
+        self._no_stops = StopSequences()
+
+    def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0) -> None:
+        uid = next(self._uids)
+        self._uid_of[request.id], self._seq_of[uid] = uid, request.id
+        self._requests[request.id] = request
+        self._prompts[request.id] = PromptProcessingBatch(
+            self.model, [uid], [cache if cache is not None else make_prompt_cache(self.model)],
+            tokens=[list(request.prompt_tokens[:num_cached])],
+            prefill_step_size=self.prefill_step_size,
+            samplers=[make_row_sampler(request.sampling)],
+            fallback_sampler=greedy_sampler,
+            logits_processors=[make_row_processors(request.sampling)],
+            stop_sequences=[self._no_stops], max_tokens=[NO_LIMIT])
+
+    def step(self, plan: StepPlan) -> StepOutput:
+        with mx.stream(generation_stream):
+            self._release(plan.release)
+            for chunk in plan.prefill:
+                tokens = list(self._requests[chunk.seq_id].prompt_tokens[chunk.start:chunk.end])
+                batch = self._prompts[chunk.seq_id]
+                if chunk.final:
+                    self._gen.extend(batch.generate([tokens]))
+                    del self._prompts[chunk.seq_id]
+                else:
+                    batch.prompt([tokens])
+            if len(self._gen) == 0:
+                return StepOutput({})
+            return StepOutput({self._seq_of[r.uid]: r.token for r in self._gen.next()})
+
+    def _release(self, seq_ids: tuple[str, ...]) -> None:
+        gone = {self._uid_of.pop(s) for s in seq_ids if s in self._uid_of}
+        if not gone:
+            return
+        for s in seq_ids:
+            self._prompts.pop(s, None)
+            self._requests.pop(s, None)
+        for uid in gone:
+            self._seq_of.pop(uid, None)
+        keep = [i for i, uid in enumerate(self._gen.uids) if uid not in gone]
+        if len(keep) < len(self._gen.uids):
+            self._gen.filter(keep)
+
+    def reset(self) -> None:
+        """Forget every row (after a fault): the next request starts from a clean batch."""
+        self.__init__(self.model, prefill_step_size=self.prefill_step_size)  # type: ignore[misc]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._gen)

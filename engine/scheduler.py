@@ -1,0 +1,228 @@
+"""Iteration-level continuous batching, in pure Python (no MLX).
+
+NOTE, the algorithm. Every step: each decoding sequence gets one token; what is left of the
+step's token budget goes to prompt chunks, FIFO over admitted sequences whose prompt is not yet
+in the KV cache; waiting sequences are admitted FIFO while there is a prefill slot, a decode
+slot and KV room for their whole prompt plus max_tokens. A sequence joins decoding the step its
+last prompt chunk is computed, and leaves the step it finishes or is aborted, so nobody waits
+for a batch to form and a running stream stalls by at most one chunk. A request is never
+evicted for room: it waits until room frees up.
+
+Drive it as `plan = schedule()`, `out = runner.step(plan)`, `updates = update(plan, out)`.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.errors import QueueFull
+from engine.types import FinishReason, Request
+
+
+class SeqState(enum.Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class Sequence:
+    request: Request
+    order: int
+    num_cached: int = 0
+    num_computed: int = 0
+    num_generated: int = 0
+    state: SeqState = SeqState.WAITING
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_tokens)
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV slots this sequence may come to hold: its prompt plus every token it may write."""
+        return self.prompt_len + self.request.max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    seq_id: str
+    start: int
+    end: int
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    prefill: tuple[PrefillChunk, ...] = ()
+    decode: tuple[str, ...] = ()
+    release: tuple[str, ...] = ()
+    admitted: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.prefill or self.decode or self.release)
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """Tokens sampled this step, by sequence: decoding rows and rows that just joined."""
+
+    tokens: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUpdate:
+    seq_id: str
+    token: int
+    finish: FinishReason | None
+    num_generated: int
+    num_cached: int
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_running: int = 32
+    max_prefilling: int = 8
+    token_budget: int = 2048
+    max_waiting: int = 64
+    kv_capacity_tokens: int | None = None
+
+
+class Scheduler:
+    """Decides, step by step, who prefills how much and who decodes. One owner thread."""
+
+    def __init__(self, config: SchedulerConfig, eos_token_ids: frozenset[int],
+                 cached_prefix: Callable[[Request], int] | None = None) -> None:
+        self.config = config
+        self.eos = eos_token_ids
+        self._cached_prefix = cached_prefix or (lambda _r: 0)
+        self._orders = itertools.count()
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: list[Sequence] = []
+        self.decoding: list[Sequence] = []
+        self._by_id: dict[str, Sequence] = {}
+        self._to_release: list[str] = []
+        self.kv_reserved = 0
+
+    # -- membership -------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFull(f"the waiting queue is full ({self.config.max_waiting} requests)")
+        seq = Sequence(request, next(self._orders))
+        self.waiting.append(seq)
+        self._by_id[seq.id] = seq
+
+    def abort(self, seq_id: str) -> bool:
+        """Drop a sequence in any phase. True if it was known."""
+        seq = self._by_id.get(seq_id)
+        if seq is None:
+            return False
+        self._retire(seq)
+        return True
+
+    def finish(self, seq_id: str) -> None:
+        """Ended from outside (a stop string matched): free its row next step."""
+        self.abort(seq_id)
+
+    def get(self, seq_id: str) -> Sequence | None:
+        return self._by_id.get(seq_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding or self._to_release)
+
+    @property
+    def num_active(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    def _retire(self, seq: Sequence) -> None:
+        if seq.state is SeqState.WAITING:
+            self.waiting.remove(seq)
+        elif seq.state is SeqState.PREFILLING:
+            self.prefilling.remove(seq)
+            self._to_release.append(seq.id)
+        elif seq.state is SeqState.DECODING:
+            self.decoding.remove(seq)
+            self._to_release.append(seq.id)
+        if seq.state is not SeqState.WAITING and seq.state is not SeqState.FINISHED:
+            self.kv_reserved -= seq.kv_tokens
+        seq.state = SeqState.FINISHED
+        self._by_id.pop(seq.id, None)
+
+    # -- the step ---------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        release, self._to_release = tuple(self._to_release), []
+        budget = self.config.token_budget - len(self.decoding)
+        admitted = self._admit()
+        chunks = []
+        for seq in self.prefilling:
+            if budget <= 0:
+                break
+            n = min(seq.prompt_len - seq.num_computed, budget)
+            end = seq.num_computed + n
+            chunks.append(PrefillChunk(seq.id, seq.num_computed, end, end == seq.prompt_len))
+            budget -= n
+        decode = tuple(s.id for s in self.decoding)
+        return StepPlan(tuple(chunks), decode, release, admitted)
+
+    def _admit(self) -> tuple[str, ...]:
+        admitted = []
+        cfg = self.config
+        while self.waiting and len(self.prefilling) < cfg.max_prefilling \
+                and self.num_active < cfg.max_running and self._fits(self.waiting[0]):
+            seq = self.waiting.popleft()
+            seq.state = SeqState.PREFILLING
+            seq.num_cached = seq.num_computed = min(self._cached_prefix(seq.request), seq.prompt_len - 1)
+            self.kv_reserved += seq.kv_tokens
+            self.prefilling.append(seq)
+            admitted.append(seq.id)
+        return tuple(admitted)
+
+    def _fits(self, seq: Sequence) -> bool:
+        cap = self.config.kv_capacity_tokens
+        return cap is None or self.kv_reserved + seq.kv_tokens <= cap
+
+    def can_ever_fit(self, request: Request) -> bool:
+        cap = self.config.kv_capacity_tokens
+        return cap is None or len(request.prompt_tokens) + request.max_tokens <= cap
+
+    def update(self, plan: StepPlan, output: StepOutput) -> list[TokenUpdate]:
+        for chunk in plan.prefill:
+            seq = self._by_id.get(chunk.seq_id)
+            if seq is None:
+                continue
+            seq.num_computed = chunk.end
+            if chunk.final:
+                self.prefilling.remove(seq)
+                seq.state = SeqState.DECODING
+                self.decoding.append(seq)
+        updates = []
+        for seq_id, token in output.tokens.items():
+            seq = self._by_id.get(seq_id)
+            if seq is None or seq.state is not SeqState.DECODING:
+                continue
+            seq.num_generated += 1
+            finish = self._finish_reason(seq, token)
+            updates.append(TokenUpdate(seq_id, token, finish, seq.num_generated, seq.num_cached))
+            if finish is not None:
+                self._retire(seq)
+        return updates
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        if token in self.eos:
+            return FinishReason.STOP
+        if seq.num_generated >= seq.request.max_tokens:
+            return FinishReason.LENGTH
+        return None

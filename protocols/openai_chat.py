@@ -1,0 +1,245 @@
+"""OpenAI chat completions: POST /v1/chat/completions.
+
+Messages are checked here, turned into the plain dicts chat templates expect (as mlx_lm.server
+passes them) and rendered by the model's template into prompt token ids.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+import orjson
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from engine.errors import InvalidRequest, ServeError
+from engine.types import Finished, TextDelta
+from protocols import openai_common as common
+from server.types import Job, ProtocolContext, Result
+
+OBJECT = "chat.completion"
+CHUNK_OBJECT = "chat.completion.chunk"
+ID_PREFIX = "chatcmpl"
+TOOL_CHOICES_SUPPORTED = ("auto", "none")
+
+
+class _Part(Struct, frozen=True, tag_field="type"):
+    """A content part; the media kinds carry nothing we read, they are refused by kind."""
+
+
+class TextPart(_Part, frozen=True, tag="text"):
+    text: str
+
+
+class RefusalPart(_Part, frozen=True, tag="refusal"):
+    refusal: str
+
+
+class ImageUrlPart(_Part, frozen=True, tag="image_url"):
+    pass
+
+
+class InputImagePart(_Part, frozen=True, tag="input_image"):
+    pass
+
+
+class ImagePart(_Part, frozen=True, tag="image"):
+    pass
+
+
+class InputAudioPart(_Part, frozen=True, tag="input_audio"):
+    pass
+
+
+class FilePart(_Part, frozen=True, tag="file"):
+    pass
+
+
+ContentPart = (
+    TextPart | RefusalPart | ImageUrlPart | InputImagePart | ImagePart | InputAudioPart | FilePart
+)
+_MEDIA_INPUT: dict[type[_Part], str] = {
+    ImageUrlPart: "vision",
+    InputImagePart: "vision",
+    ImagePart: "vision",
+    InputAudioPart: "audio",
+    FilePart: "file",
+}
+
+
+class FunctionCall(Struct, frozen=True):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(Struct, frozen=True):
+    function: FunctionCall
+    id: str | None = None
+    type: Literal["function"] = "function"
+
+
+class ChatMessage(Struct, frozen=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDef(Struct, frozen=True):
+    name: str
+    description: str | UnsetType | None = UNSET
+    parameters: dict[str, Any] | UnsetType = UNSET
+    strict: bool | UnsetType | None = UNSET
+
+
+class Tool(Struct, frozen=True):
+    function: FunctionDef
+    type: Literal["function"] = "function"
+
+
+class ChatCompletionBody(common.OpenAIFields, frozen=True, kw_only=True):
+    """The body of POST /v1/chat/completions."""
+
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Answer-changing fields refused until supported.
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+
+
+_DECODER = msgspec.json.Decoder(ChatCompletionBody)
+
+
+def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
+    """Decode, validate and render one chat request into a Job; ServeError 400 on any fault."""
+    req = common.decode(_DECODER, body)
+    common.check_supported(req)
+    _check_chat_supported(req)
+    messages = [_template_message(m, i) for i, m in enumerate(req.messages)]
+    tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
+    template_kwargs = {**(ctx.defaults.chat_template_args or {}),
+                       **(req.chat_template_kwargs or {})}
+    try:
+        ids = ctx.tokenizer.render_chat(messages, tools, template_kwargs)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="messages") from exc
+    if not ids:
+        raise InvalidRequest("the chat template rendered an empty prompt", param="messages")
+    return common.build_job(req, ids, ctx, ID_PREFIX)
+
+
+def _check_chat_supported(req: ChatCompletionBody) -> None:
+    if req.tools and req.tool_choice is not None and req.tool_choice not in TOOL_CHOICES_SUPPORTED:
+        raise common.unsupported("tool_choice", "`tool_choice` other than 'auto' or 'none'")
+    if req.functions is not None or req.function_call is not None:
+        param = "functions" if req.functions is not None else "function_call"
+        raise common.unsupported(param, f"`{param}` (deprecated; use `tools`)")
+    if req.audio is not None:
+        raise common.unsupported("audio", "audio output")
+
+
+def _template_message(msg: ChatMessage, index: int) -> dict[str, Any]:
+    # Few chat templates know "developer"; OpenAI treats it as the system prompt.
+    role = "system" if msg.role == "developer" else msg.role
+    out: dict[str, Any] = {"role": role, "content": _flatten(msg.content, index)}
+    if msg.name is not None:
+        out["name"] = msg.name
+    if msg.tool_calls:
+        out["tool_calls"] = [_template_tool_call(c, index, j) for j, c in enumerate(msg.tool_calls)]
+    if msg.tool_call_id is not None:
+        out["tool_call_id"] = msg.tool_call_id
+    if msg.reasoning_content is not None:
+        out["reasoning_content"] = msg.reasoning_content
+    return out
+
+
+def _flatten(content: str | list[ContentPart] | None, index: int) -> str:
+    """Text parts joined with "" (as mlx_lm.server does); media parts are refused."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if isinstance(part, TextPart):
+            texts.append(part.text)
+        elif isinstance(part, RefusalPart):
+            texts.append(part.refusal)
+        else:
+            kind = _MEDIA_INPUT[type(part)]
+            raise InvalidRequest(f"this model has no {kind} input",
+                                 param=f"messages[{index}].content[{j}]")
+    return "".join(texts)
+
+
+def _template_tool_call(call: ToolCall, index: int, j: int) -> dict[str, Any]:
+    # Templates index into the arguments, so a JSON string becomes a dict, as in mlx_lm.server.
+    out: dict[str, Any] = {} if call.id is None else {"id": call.id}
+    out["type"] = call.type
+    out["function"] = {
+        "name": call.function.name,
+        "arguments": _arguments(call.function.arguments, f"messages[{index}].tool_calls[{j}]"),
+    }
+    return out
+
+
+def _arguments(raw: str | dict[str, Any], path: str) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    if not raw.strip():
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"tool call arguments are not valid JSON: {exc}",
+                             param=f"{path}.function.arguments") from exc
+
+
+def _choice(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+class ChatStream(common.ChunkStream):
+    """chat.completion.chunk frames: a role primer, content deltas, a finish chunk."""
+
+    def start(self) -> bytes:
+        return self.frame(_choice({"role": "assistant", "content": ""}))
+
+    def delta(self, event: TextDelta) -> bytes:
+        return self.frame(_choice({"content": event.text})) if event.text else b""
+
+    def finish(self, event: Finished) -> bytes:
+        return self.closing(_choice({}, event.reason.value), event.usage)
+
+
+def completion_json(job: Job, result: Result, ctx: ProtocolContext) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.text, "refusal": None,
+                               "annotations": []}
+    choice = {"index": 0, "message": message, "logprobs": None,
+              "finish_reason": result.finish_reason.value}
+    return {**common.response_head(job, ctx, OBJECT), "choices": [choice],
+            "usage": common.usage_json(result.usage)}
+
+
+class OpenAIChat:
+    """The WireFormat of POST /v1/chat/completions."""
+
+    def parse(self, body: bytes, ctx: ProtocolContext) -> Job:
+        return parse_body(body, ctx)
+
+    def renderer(self, job: Job, ctx: ProtocolContext) -> ChatStream:
+        return ChatStream(common.response_head(job, ctx, CHUNK_OBJECT), job.include_usage)
+
+    def to_json(self, job: Job, result: Result, ctx: ProtocolContext) -> bytes:
+        return orjson.dumps(completion_json(job, result, ctx))
+
+    def error_body(self, exc: ServeError) -> bytes:
+        return common.error_body(exc)
+
+
+FORMAT = OpenAIChat()

@@ -1,0 +1,298 @@
+"""What the OpenAI chat and completions formats share.
+
+The request fields both accept (sampling, limits, stop, stream options and the fields we refuse
+until they are supported), the error envelope, the usage object and the SSE chunk framing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+import orjson
+from msgspec import Meta, Struct
+
+from engine.errors import (
+    ContextTooLong,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    QueueFull,
+    ServeError,
+    Unauthorized,
+)
+from engine.types import Request, SamplingParams, Usage
+from server.types import Job, ProtocolContext
+
+DONE = b"data: [DONE]\n\n"
+HEARTBEAT = b": keep-alive\n\n"
+MAX_STOP_STRINGS = 16
+
+_ENGINE_DEFAULTS = SamplingParams()
+_ERROR_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_MISSING_FIELD = re.compile(r"missing required field `(?P<field>[^`]+)`")
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+Bias = Annotated[float, Meta(ge=-100, le=100)]
+StopString = Annotated[str, Meta(min_length=1)]
+StopList = Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)]
+
+T = TypeVar("T")
+
+
+class StreamOptions(Struct, frozen=True):
+    include_usage: bool | None = None
+
+
+class ResponseFormat(Struct, frozen=True):
+    type: str
+
+
+class OpenAIFields(Struct, frozen=True, kw_only=True):
+    """Fields both OpenAI endpoints accept. Unknown fields are ignored, never an error."""
+
+    model: str | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Meta(ge=0)] | None = None
+    repetition_context_size: NonNegativeInt | None = None
+    presence_penalty: Penalty | None = None
+    presence_context_size: NonNegativeInt | None = None
+    frequency_penalty: Penalty | None = None
+    frequency_context_size: NonNegativeInt | None = None
+    logit_bias: dict[str, Bias] | None = None
+    stop: StopString | StopList | None = None
+    seed: int | None = None
+    # Fields that would change the answer; refused until supported.
+    n: PositiveInt | None = None
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    prediction: Any = None
+    xtc_probability: Annotated[float, Meta(ge=0, le=1)] | None = None
+    adapters: str | None = None
+    draft_model: str | None = None
+    num_draft_tokens: int | None = None
+
+
+def decode(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
+    """Decode a request body; malformed JSON or a schema mismatch is a 400 naming the field."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        raise InvalidRequest(f"invalid request: {message}", param=error_param(message)) from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"could not parse JSON body: {exc}") from exc
+
+
+def error_param(message: str) -> str | None:
+    """The field a msgspec ValidationError message points at, as `messages[0].role`."""
+    at = _ERROR_PATH.search(message)
+    path = at["path"].lstrip(".") if at else ""
+    missing = _MISSING_FIELD.search(message)
+    if missing:
+        path = f"{path}.{missing['field']}" if path else missing["field"]
+    return path or None
+
+
+def unsupported(param: str, what: str | None = None) -> InvalidRequest:
+    return InvalidRequest(f"{what or f'`{param}`'} is not supported yet", param=param)
+
+
+def check_supported(fields: OpenAIFields) -> None:
+    """Refuse fields we accept in the schema but cannot honour yet."""
+    if fields.n is not None and fields.n > 1:
+        raise unsupported("n", "`n` > 1")
+    if fields.logprobs is True or type(fields.logprobs) is int:
+        raise unsupported("logprobs")
+    if fields.top_logprobs is not None and fields.top_logprobs > 0:
+        raise unsupported("top_logprobs")
+    if fields.response_format is not None and fields.response_format.type != "text":
+        kind = fields.response_format.type
+        raise unsupported("response_format", f"`response_format` of type {kind!r}")
+    if fields.prediction is not None:
+        raise unsupported("prediction")
+    if fields.xtc_probability:
+        raise unsupported("xtc_probability", "`xtc_probability` > 0")
+    _check_model_options(fields)
+
+
+def _check_model_options(fields: OpenAIFields) -> None:
+    # mlx_lm.server's per-request adapters and draft models; "default_model" means "the server's".
+    if fields.adapters:
+        raise unsupported("adapters")
+    if fields.draft_model not in (None, "default_model"):
+        raise unsupported("draft_model")
+    if fields.num_draft_tokens is not None:
+        raise unsupported("num_draft_tokens")
+
+
+def sampling_params(fields: OpenAIFields, ctx: ProtocolContext) -> SamplingParams:
+    """Request fields over the server's defaults, normalised to the engine's conventions."""
+    defaults, eng = ctx.defaults, _ENGINE_DEFAULTS
+    top_p = _pick(fields.top_p, defaults.top_p)
+    return SamplingParams(
+        temperature=_pick(fields.temperature, defaults.temperature),
+        # mlx-lm treats top_p 0 and top_k -1 as "off"; the engine knows only 1.0 and 0.
+        top_p=top_p if top_p > 0 else 1.0,
+        top_k=max(_pick(fields.top_k, defaults.top_k), 0),
+        min_p=_pick(fields.min_p, defaults.min_p),
+        repetition_penalty=_pick(fields.repetition_penalty, eng.repetition_penalty),
+        repetition_context_size=_pick(fields.repetition_context_size, eng.repetition_context_size),
+        presence_penalty=_pick(fields.presence_penalty, eng.presence_penalty),
+        presence_context_size=_pick(fields.presence_context_size, eng.presence_context_size),
+        frequency_penalty=_pick(fields.frequency_penalty, eng.frequency_penalty),
+        frequency_context_size=_pick(fields.frequency_context_size, eng.frequency_context_size),
+        logit_bias=logit_bias(fields.logit_bias, ctx.tokenizer.vocab_size),
+        seed=fields.seed,
+    )
+
+
+def _pick(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """JSON object keys are strings; each must name a token of this model's vocabulary."""
+    if not raw:
+        return None
+    bias: dict[int, float] = {}
+    for key, value in raw.items():
+        token = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(
+                f"`logit_bias` key {key!r} is not a token id of this model (0..{vocab_size - 1})",
+                param=f"logit_bias.{key}",
+            )
+        bias[token] = float(value)
+    return bias
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def max_tokens(fields: OpenAIFields, ctx: ProtocolContext) -> int:
+    # max_completion_tokens is the newer name and wins when both are sent.
+    return _pick(fields.max_completion_tokens, _pick(fields.max_tokens, ctx.defaults.max_tokens))
+
+
+def include_usage(fields: OpenAIFields) -> bool:
+    options = fields.stream_options
+    return bool(fields.stream and options is not None and options.include_usage)
+
+
+def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolContext,
+              id_prefix: str) -> Job:
+    """The engine request plus the client's delivery choices."""
+    request = Request(
+        id=f"{id_prefix}-{uuid.uuid4().hex}",
+        prompt_tokens=tuple(prompt_tokens),
+        sampling=sampling_params(fields, ctx),
+        max_tokens=max_tokens(fields, ctx),
+        stop=stop_strings(fields.stop),
+    )
+    return Job(request, stream=bool(fields.stream), include_usage=include_usage(fields),
+               model=fields.model or ctx.model_id)
+
+
+# --- responses -------------------------------------------------------------------------------
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+def system_fingerprint(model_id: str) -> str:
+    """Stable per served model, in OpenAI's `fp_<hex>` shape."""
+    return "fp_" + hashlib.blake2b(model_id.encode(), digest_size=5).hexdigest()
+
+
+def response_head(job: Job, ctx: ProtocolContext, object_type: str) -> dict[str, Any]:
+    """The fields every response object and stream chunk starts with, in OpenAI's order."""
+    return {
+        "id": job.request.id,
+        "object": object_type,
+        "created": ctx.created,
+        "model": job.model or ctx.model_id,
+        "system_fingerprint": system_fingerprint(ctx.model_id),
+    }
+
+
+def error_json(exc: ServeError) -> dict[str, Any]:
+    """OpenAI's error envelope; the status code comes from `exc.status`."""
+    kind, code = _error_kind(exc)
+    return {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": code}}
+
+
+def _error_kind(exc: ServeError) -> tuple[str, str | None]:
+    # OpenAI answers bad keys, unknown routes and models with "invalid_request_error" too.
+    if isinstance(exc, ContextTooLong):
+        return "invalid_request_error", "context_length_exceeded"
+    if isinstance(exc, Unauthorized):
+        return "invalid_request_error", "invalid_api_key"
+    if isinstance(exc, QueueFull):
+        return "requests", "rate_limit_exceeded"
+    if isinstance(exc, InvalidRequest | NotFound | MethodNotAllowed | PayloadTooLarge):
+        return "invalid_request_error", None
+    return "server_error", None
+
+
+def error_body(exc: ServeError) -> bytes:
+    return orjson.dumps(error_json(exc))
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+class ChunkStream:
+    """SSE framing shared by both formats; subclasses shape each choice.
+
+    With `include_usage` every chunk carries `"usage": null` and a last chunk with no choices
+    carries the usage, as OpenAI sends them.
+    """
+
+    def __init__(self, head: dict[str, Any], include_usage: bool) -> None:
+        self._head = head
+        self._include_usage = include_usage
+
+    def frame(self, choice: dict[str, Any]) -> bytes:
+        chunk = {**self._head, "choices": [choice]}
+        if self._include_usage:
+            chunk["usage"] = None
+        return sse(chunk)
+
+    def closing(self, choice: dict[str, Any], usage: Usage) -> bytes:
+        """The finishing chunk, the usage chunk when asked for, then the terminator."""
+        out = self.frame(choice)
+        if self._include_usage:
+            out += sse({**self._head, "choices": [], "usage": usage_json(usage)})
+        return out + DONE
+
+    def error(self, exc: ServeError) -> bytes:
+        return sse(error_json(exc)) + DONE
+
+    def heartbeat(self) -> bytes:
+        return HEARTBEAT

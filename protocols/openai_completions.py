@@ -1,0 +1,130 @@
+"""OpenAI (legacy) text completions: POST /v1/completions.
+
+The prompt is raw text, encoded as is, or token ids, taken as is after a vocabulary check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import orjson
+
+from engine.errors import InvalidRequest, ServeError
+from engine.tokenizer import ChatTokenizer
+from engine.types import Finished, TextDelta
+from protocols import openai_common as common
+from server.types import Job, ProtocolContext, Result
+
+OBJECT = "text_completion"
+ID_PREFIX = "cmpl"
+
+Prompt = str | list[str | int | list[int]]
+
+
+class CompletionBody(common.OpenAIFields, frozen=True, kw_only=True):
+    """The body of POST /v1/completions."""
+
+    prompt: Prompt
+    # Answer-changing fields refused until supported.
+    best_of: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+_DECODER = msgspec.json.Decoder(CompletionBody)
+
+
+def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
+    """Decode, validate and tokenize one completions request; ServeError 400 on any fault."""
+    req = common.decode(_DECODER, body)
+    common.check_supported(req)
+    _check_completion_supported(req)
+    return common.build_job(req, prompt_tokens(req.prompt, ctx.tokenizer), ctx, ID_PREFIX)
+
+
+def _check_completion_supported(req: CompletionBody) -> None:
+    if req.best_of is not None and req.best_of > 1:
+        raise common.unsupported("best_of", "`best_of` > 1")
+    if req.echo:
+        raise common.unsupported("echo")
+    if req.suffix:
+        raise common.unsupported("suffix")
+
+
+def prompt_tokens(prompt: Prompt, tokenizer: ChatTokenizer) -> list[int]:
+    """A string, token ids, or a list holding exactly one of those."""
+    single = _single_prompt(prompt)
+    if isinstance(single, str):
+        ids = tokenizer.encode(single) if single else []
+    else:
+        ids = _checked_ids(single, tokenizer.vocab_size)
+    if not ids:
+        raise InvalidRequest("`prompt` is empty", param="prompt")
+    return ids
+
+
+def _single_prompt(prompt: Prompt) -> str | list[int]:
+    if isinstance(prompt, str):
+        return prompt
+    ids = [t for t in prompt if isinstance(t, int)]
+    if len(ids) == len(prompt):
+        return ids
+    if len(prompt) == 1 and not isinstance(prompt[0], int):
+        return prompt[0]
+    if ids:
+        raise InvalidRequest("`prompt` mixes token ids with other prompts", param="prompt")
+    raise common.unsupported("prompt", "more than one prompt per request")
+
+
+def _checked_ids(ids: list[int], vocab_size: int) -> list[int]:
+    for i, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(
+                f"token id {token} at prompt[{i}] is not in this model's vocabulary "
+                f"(0..{vocab_size - 1})",
+                param="prompt",
+            )
+    return ids
+
+
+def _choice(text: str, finish_reason: str | None = None) -> dict[str, Any]:
+    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+
+
+class CompletionStream(common.ChunkStream):
+    """text_completion frames: text deltas, then a finish chunk; no primer."""
+
+    def start(self) -> bytes:
+        return b""
+
+    def delta(self, event: TextDelta) -> bytes:
+        return self.frame(_choice(event.text)) if event.text else b""
+
+    def finish(self, event: Finished) -> bytes:
+        return self.closing(_choice("", event.reason.value), event.usage)
+
+
+def completion_json(job: Job, result: Result, ctx: ProtocolContext) -> dict[str, Any]:
+    choice = _choice(result.text, result.finish_reason.value)
+    return {**common.response_head(job, ctx, OBJECT), "choices": [choice],
+            "usage": common.usage_json(result.usage)}
+
+
+class OpenAICompletions:
+    """The WireFormat of POST /v1/completions."""
+
+    def parse(self, body: bytes, ctx: ProtocolContext) -> Job:
+        return parse_body(body, ctx)
+
+    def renderer(self, job: Job, ctx: ProtocolContext) -> CompletionStream:
+        return CompletionStream(common.response_head(job, ctx, OBJECT), job.include_usage)
+
+    def to_json(self, job: Job, result: Result, ctx: ProtocolContext) -> bytes:
+        return orjson.dumps(completion_json(job, result, ctx))
+
+    def error_body(self, exc: ServeError) -> bytes:
+        return common.error_body(exc)
+
+
+FORMAT = OpenAICompletions()

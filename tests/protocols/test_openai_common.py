@@ -1,0 +1,312 @@
+"""Fields and errors both OpenAI formats share, checked through each format's parse()."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import orjson
+import pytest
+
+from engine.errors import (
+    ContextTooLong,
+    EngineFailed,
+    EngineUnavailable,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    QueueFull,
+    ServeError,
+    Unauthorized,
+)
+from engine.types import SamplingParams
+from protocols import openai_chat, openai_common, openai_completions
+from server.types import Job, ProtocolContext, WireFormat
+
+Body = dict[str, Any]
+
+CHAT_BASE: Body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION_BASE: Body = {"model": "m", "prompt": "hi"}
+FORMATS: list[tuple[WireFormat, Body]] = [
+    (openai_chat.FORMAT, CHAT_BASE),
+    (openai_completions.FORMAT, COMPLETION_BASE),
+]
+
+
+@pytest.fixture(params=FORMATS, ids=["chat", "completions"])
+def fmt(request: pytest.FixtureRequest, ctx: ProtocolContext) -> Callable[..., Job]:
+    """parse() of one format with its minimal body plus the given fields."""
+    wire: WireFormat = request.param[0]
+    base: Body = request.param[1]
+
+    def parse(**fields: Any) -> Job:
+        return wire.parse(orjson.dumps({**base, **fields}), ctx)
+
+    return parse
+
+
+def parse_error(parse: Callable[..., Job], **fields: Any) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        parse(**fields)
+    assert info.value.status == 400
+    return info.value
+
+
+# --- error envelope ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind", "code"),
+    [
+        (InvalidRequest("bad"), 400, "invalid_request_error", None),
+        (ContextTooLong("long"), 400, "invalid_request_error", "context_length_exceeded"),
+        (NotFound("no model"), 404, "invalid_request_error", None),
+        (MethodNotAllowed("GET"), 405, "invalid_request_error", None),
+        (PayloadTooLarge("big"), 413, "invalid_request_error", None),
+        (Unauthorized("key"), 401, "invalid_request_error", "invalid_api_key"),
+        (QueueFull("busy"), 429, "requests", "rate_limit_exceeded"),
+        (EngineUnavailable("loading"), 503, "server_error", None),
+        (EngineFailed("oom"), 500, "server_error", None),
+        (ServeError("?"), 500, "server_error", None),
+    ],
+)
+def test_error_body_maps_each_error_class(exc: ServeError, status: int, kind: str,
+                                          code: str | None) -> None:
+    for wire, _ in FORMATS:
+        body = orjson.loads(wire.error_body(exc))
+        error = {"message": exc.message, "type": kind, "param": None, "code": code}
+        assert body == {"error": error}
+    assert exc.status == status
+
+
+def test_error_body_carries_param() -> None:
+    body = orjson.loads(openai_common.error_body(InvalidRequest("no", param="messages[0].role")))
+    assert body["error"]["param"] == "messages[0].role"
+
+
+def test_error_body_fills_sdk_error_fields() -> None:
+    body = orjson.loads(openai_common.error_body(ContextTooLong("too long", param="messages")))
+    err = openai.APIError("too long", request=None, body=body["error"])  # type: ignore[arg-type]
+    assert (err.type, err.code, err.param) == ("invalid_request_error", "context_length_exceeded",
+                                               "messages")
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ("Expected `int`, got `str` - at `$.max_tokens`", "max_tokens"),
+        ("Invalid enum value 'bot' - at `$.messages[0].role`", "messages[0].role"),
+        ("Object missing required field `messages`", "messages"),
+        ("Object missing required field `role` - at `$.messages[2]`", "messages[2].role"),
+        ("Expected `object`, got `array`", None),
+    ],
+)
+def test_error_param_reads_msgspec_paths(message: str, param: str | None) -> None:
+    assert openai_common.error_param(message) == param
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("wire", "_base"), FORMATS, ids=["chat", "completions"])
+@pytest.mark.parametrize("raw", [b"", b"{", b'{"model": }', b"\xff\xfe", b"{\"model\": \"m\",}"])
+def test_parse_rejects_malformed_json(wire: WireFormat, _base: Body, raw: bytes,
+                                      ctx: ProtocolContext) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        wire.parse(raw, ctx)
+    assert info.value.message.startswith("could not parse JSON body: ")
+    assert info.value.param is None
+
+
+@pytest.mark.parametrize(("wire", "_base"), FORMATS, ids=["chat", "completions"])
+@pytest.mark.parametrize("raw", [b"[]", b"null", b'"hi"', b"3"])
+def test_parse_rejects_non_object_body(wire: WireFormat, _base: Body, raw: bytes,
+                                       ctx: ProtocolContext) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        wire.parse(raw, ctx)
+    assert "Expected `object`" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "param"),
+    [
+        ("model", 3, "model"),
+        ("stream", "yes", "stream"),
+        ("stream_options", {"include_usage": "yes"}, "stream_options.include_usage"),
+        ("max_tokens", 0, "max_tokens"),
+        ("max_tokens", -5, "max_tokens"),
+        ("max_tokens", 1.5, "max_tokens"),
+        ("max_tokens", "10", "max_tokens"),
+        ("max_completion_tokens", 0, "max_completion_tokens"),
+        ("temperature", -0.1, "temperature"),
+        ("temperature", 2.5, "temperature"),
+        ("temperature", "hot", "temperature"),
+        ("top_p", 1.1, "top_p"),
+        ("top_p", -0.1, "top_p"),
+        ("top_k", -2, "top_k"),
+        ("top_k", 1.5, "top_k"),
+        ("min_p", 1.5, "min_p"),
+        ("repetition_penalty", -1, "repetition_penalty"),
+        ("repetition_context_size", -1, "repetition_context_size"),
+        ("presence_penalty", 2.5, "presence_penalty"),
+        ("frequency_penalty", -3, "frequency_penalty"),
+        ("presence_context_size", -1, "presence_context_size"),
+        ("frequency_context_size", "x", "frequency_context_size"),
+        ("logit_bias", {"5": 101}, "logit_bias[...]"),
+        ("logit_bias", [1, 2], "logit_bias"),
+        ("stop", 5, "stop"),
+        ("stop", [""], "stop[0]"),
+        ("stop", ["a", 1], "stop[1]"),
+        ("stop", ["s"] * 17, "stop"),
+        ("seed", 1.5, "seed"),
+        ("n", 0, "n"),
+        ("response_format", {"schema": {}}, "response_format.type"),
+    ],
+)
+def test_parse_rejects_invalid_fields(fmt: Callable[..., Job], field: str, value: Any,
+                                      param: str) -> None:
+    err = parse_error(fmt, **{field: value})
+    assert err.param == param
+    assert f"`$.{param}`" in err.message or "missing required field" in err.message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("n", 2, "`n` > 1 is not supported yet"),
+        ("logprobs", True, "`logprobs` is not supported yet"),
+        ("logprobs", 3, "`logprobs` is not supported yet"),
+        ("top_logprobs", 2, "`top_logprobs` is not supported yet"),
+        ("response_format", {"type": "json_object"},
+         "`response_format` of type 'json_object' is not supported yet"),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}},
+         "`response_format` of type 'json_schema' is not supported yet"),
+        ("prediction", {"type": "content", "content": "x"}, "`prediction` is not supported yet"),
+        ("xtc_probability", 0.5, "`xtc_probability` > 0 is not supported yet"),
+        ("adapters", "path/to/adapter", "`adapters` is not supported yet"),
+        ("draft_model", "some/draft", "`draft_model` is not supported yet"),
+        ("num_draft_tokens", 3, "`num_draft_tokens` is not supported yet"),
+    ],
+)
+def test_parse_rejects_unsupported_fields(fmt: Callable[..., Job], field: str, value: Any,
+                                          message: str) -> None:
+    err = parse_error(fmt, **{field: value})
+    assert (err.param, err.message) == (field, message)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"n": 1},
+        {"n": None},
+        {"logprobs": False},
+        {"top_logprobs": 0},
+        {"top_logprobs": -1},
+        {"response_format": {"type": "text"}},
+        {"prediction": None},
+        {"xtc_probability": 0.0, "xtc_threshold": 0.1},
+        {"adapters": None},
+        {"draft_model": "default_model"},
+    ],
+)
+def test_parse_accepts_unsupported_fields_at_neutral_values(fmt: Callable[..., Job],
+                                                            fields: Body) -> None:
+    assert fmt(**fields).request.prompt_tokens
+
+
+def test_parse_ignores_harmless_extra_fields(fmt: Callable[..., Job]) -> None:
+    job = fmt(user="u-1", metadata={"a": "b"}, store=False, service_tier="auto",
+              parallel_tool_calls=True, stream=True,
+              stream_options={"include_usage": True, "include_obfuscation": False},
+              something_new={"nested": [1, 2]})
+    assert job.stream and job.include_usage
+
+
+# --- resolved request ------------------------------------------------------------------------
+
+
+def test_sampling_falls_back_to_server_defaults(fmt: Callable[..., Job]) -> None:
+    job = fmt()
+    assert job.request.sampling == SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05)
+    assert job.request.max_tokens == 256
+    assert job.request.stop == ()
+    assert (job.stream, job.include_usage) == (False, False)
+
+
+def test_sampling_takes_request_fields(fmt: Callable[..., Job]) -> None:
+    job = fmt(temperature=0, top_p=0.5, top_k=5, min_p=0.1, repetition_penalty=1.1,
+              repetition_context_size=64, presence_penalty=0.5, presence_context_size=30,
+              frequency_penalty=-0.5, frequency_context_size=40, seed=7, max_tokens=9)
+    assert job.request.sampling == SamplingParams(
+        temperature=0.0, top_p=0.5, top_k=5, min_p=0.1, repetition_penalty=1.1,
+        repetition_context_size=64, presence_penalty=0.5, presence_context_size=30,
+        frequency_penalty=-0.5, frequency_context_size=40, seed=7,
+    )
+    assert job.request.max_tokens == 9
+
+
+def test_sampling_nulls_mean_server_defaults(fmt: Callable[..., Job]) -> None:
+    job = fmt(temperature=None, top_p=None, top_k=None, max_tokens=None, stop=None, seed=None)
+    assert job.request.sampling.temperature == 0.7
+    assert job.request.max_tokens == 256
+
+
+def test_sampling_normalises_mlx_lm_off_values(fmt: Callable[..., Job]) -> None:
+    sampling = fmt(top_p=0, top_k=-1).request.sampling
+    assert (sampling.top_p, sampling.top_k) == (1.0, 0)
+
+
+def test_max_completion_tokens_wins_over_max_tokens(fmt: Callable[..., Job]) -> None:
+    assert fmt(max_tokens=10, max_completion_tokens=20).request.max_tokens == 20
+    assert fmt(max_tokens=10, max_completion_tokens=None).request.max_tokens == 10
+
+
+def test_logit_bias_keys_become_token_ids(fmt: Callable[..., Job]) -> None:
+    job = fmt(logit_bias={"5": -100, "999": 2.5, "0": 0})
+    assert job.request.sampling.logit_bias == {5: -100.0, 999: 2.5, 0: 0.0}
+    assert fmt(logit_bias={}).request.sampling.logit_bias is None
+
+
+@pytest.mark.parametrize("key", ["1000", "-1", "abc", "1.5", ""])
+def test_logit_bias_rejects_keys_outside_vocab(fmt: Callable[..., Job], key: str) -> None:
+    err = parse_error(fmt, logit_bias={key: 1})
+    assert err.param == f"logit_bias.{key}"
+    assert "not a token id" in err.message
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [("END", ("END",)), (["a", "b"], ("a", "b")), ([], ()), (None, ()), (["x"] * 16, ("x",) * 16)],
+)
+def test_stop_accepts_string_or_list(fmt: Callable[..., Job], stop: Any,
+                                     expected: tuple[str, ...]) -> None:
+    assert fmt(stop=stop).request.stop == expected
+
+
+def test_include_usage_only_when_streaming(fmt: Callable[..., Job]) -> None:
+    assert fmt(stream=True, stream_options={"include_usage": True}).include_usage
+    assert not fmt(stream=False, stream_options={"include_usage": True}).include_usage
+    assert not fmt(stream=True, stream_options={"include_usage": False}).include_usage
+    assert not fmt(stream=True, stream_options=None).include_usage
+
+
+def test_model_defaults_to_served_model(fmt: Callable[..., Job], ctx: ProtocolContext) -> None:
+    assert fmt(model=None).model == ctx.model_id
+    assert fmt(model="client-name").model == "client-name"
+
+
+def test_request_ids_are_unique_and_prefixed(ctx: ProtocolContext) -> None:
+    chat = {openai_chat.FORMAT.parse(orjson.dumps(CHAT_BASE), ctx).request.id for _ in range(3)}
+    text = {openai_completions.FORMAT.parse(orjson.dumps(COMPLETION_BASE), ctx).request.id
+            for _ in range(3)}
+    assert len(chat) == len(text) == 3
+    assert all(i.startswith("chatcmpl-") and len(i) == 9 + 32 for i in chat)
+    assert all(i.startswith("cmpl-") and len(i) == 5 + 32 for i in text)
+
+
+def test_system_fingerprint_is_stable_per_model() -> None:
+    fp = openai_common.system_fingerprint("a/b")
+    assert fp == openai_common.system_fingerprint("a/b") != openai_common.system_fingerprint("a/c")
+    assert fp.startswith("fp_") and len(fp) == 13

@@ -1,0 +1,193 @@
+"""POST /v1/completions: prompt forms, results and events to OpenAI's text_completion shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+from openai.types import Completion
+
+from engine.errors import InvalidRequest, QueueFull
+from engine.types import Finished, FinishReason, TextDelta, Usage
+from protocols import openai_completions
+from server.types import Job, ProtocolContext, Result, WireFormat
+
+FORMAT: WireFormat = openai_completions.FORMAT
+Frames = Callable[[bytes], list[Any]]
+
+
+def parse(ctx: ProtocolContext, **fields: Any) -> Job:
+    return FORMAT.parse(orjson.dumps({"model": "m", **fields}), ctx)
+
+
+def parse_error(ctx: ProtocolContext, **fields: Any) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        parse(ctx, **fields)
+    assert info.value.status == 400
+    return info.value
+
+
+def sdk_chunk(frame: dict[str, Any]) -> Completion:
+    # OpenAI streams `finish_reason: null` until the end, but the SDK's type (shared with the
+    # non-streamed object) lists no null; the SDK builds stream chunks without validating.
+    choices = [{**c, "finish_reason": c["finish_reason"] or "stop"} for c in frame["choices"]]
+    return Completion.model_validate({**frame, "choices": choices})
+
+
+# --- parse ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompt", "tokens"),
+    [
+        ("abc", (97, 98, 99)),
+        (["abc"], (97, 98, 99)),
+        ([5, 6, 7], (5, 6, 7)),
+        ([[5, 6, 7]], (5, 6, 7)),
+        ([0], (0,)),
+        ([999], (999,)),
+    ],
+)
+def test_parse_accepts_prompt_forms(ctx: ProtocolContext, prompt: Any,
+                                    tokens: tuple[int, ...]) -> None:
+    job = parse(ctx, prompt=prompt)
+    assert job.request.prompt_tokens == tokens
+    assert job.request.id.startswith("cmpl-")
+
+
+def test_parse_does_not_apply_chat_template(ctx: ProtocolContext) -> None:
+    parse(ctx, prompt="hello")
+    assert ctx.tokenizer.chat_calls == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ("", "`prompt` is empty"),
+        ([], "`prompt` is empty"),
+        ([""], "`prompt` is empty"),
+        ([[]], "`prompt` is empty"),
+        (["a", "b"], "more than one prompt per request is not supported yet"),
+        ([[1], [2]], "more than one prompt per request is not supported yet"),
+        ([1, "a"], "`prompt` mixes token ids with other prompts"),
+        ([1000], "token id 1000 at prompt[0] is not in this model's vocabulary (0..999)"),
+        ([1, -1], "token id -1 at prompt[1] is not in this model's vocabulary (0..999)"),
+        ([[3, 1000]], "token id 1000 at prompt[1] is not in this model's vocabulary (0..999)"),
+    ],
+)
+def test_parse_rejects_bad_prompts(ctx: ProtocolContext, prompt: Any, message: str) -> None:
+    err = parse_error(ctx, prompt=prompt)
+    assert (err.message, err.param) == (message, "prompt")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({}, "prompt"),
+        ({"prompt": None}, "prompt"),
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": {"text": "x"}}, "prompt"),
+        ({"prompt": [1.5]}, "prompt[0]"),
+        ({"prompt": [[1, "a"]]}, "prompt[0][1]"),
+        ({"prompt": "x", "echo": "yes"}, "echo"),
+        ({"prompt": "x", "best_of": "2"}, "best_of"),
+    ],
+)
+def test_parse_rejects_malformed_fields(ctx: ProtocolContext, fields: dict[str, Any],
+                                        param: str) -> None:
+    assert parse_error(ctx, **fields).param == param
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("best_of", 3, "`best_of` > 1 is not supported yet"),
+        ("echo", True, "`echo` is not supported yet"),
+        ("suffix", "tail", "`suffix` is not supported yet"),
+        ("logprobs", 0, "`logprobs` is not supported yet"),
+    ],
+)
+def test_parse_rejects_unsupported_completion_fields(ctx: ProtocolContext, field: str,
+                                                     value: Any, message: str) -> None:
+    err = parse_error(ctx, prompt="x", **{field: value})
+    assert (err.param, err.message) == (field, message)
+
+
+def test_parse_accepts_completion_fields_at_neutral_values(ctx: ProtocolContext) -> None:
+    job = parse(ctx, prompt="x", best_of=1, echo=False, suffix=None, logprobs=None)
+    assert job.request.prompt_tokens == (120,)
+    assert parse(ctx, prompt="x", suffix="").request.prompt_tokens == (120,)
+
+
+# --- JSON answer --------------------------------------------------------------------------------
+
+
+def test_to_json_matches_openai_shape(ctx: ProtocolContext) -> None:
+    job = parse(ctx, prompt="Once")
+    body = orjson.loads(FORMAT.to_json(job, Result(" upon", FinishReason.LENGTH, Usage(4, 2)), ctx))
+    assert body == {
+        "id": job.request.id,
+        "object": "text_completion",
+        "created": 1_700_000_000,
+        "model": "m",
+        "system_fingerprint": body["system_fingerprint"],
+        "choices": [{"text": " upon", "index": 0, "logprobs": None, "finish_reason": "length"}],
+        "usage": {
+            "prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+    sdk = Completion.model_validate(body)
+    assert (sdk.choices[0].text, sdk.choices[0].finish_reason) == (" upon", "length")
+    assert sdk.usage is not None and sdk.usage.total_tokens == 6
+
+
+# --- streaming ------------------------------------------------------------------------------
+
+
+def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> bytes:
+    renderer = FORMAT.renderer(job, ctx)
+    out = renderer.start()
+    for text in texts:
+        out += renderer.delta(TextDelta(text))
+    return out + renderer.finish(Finished(FinishReason.STOP, Usage(3, len(texts)), "\n"))
+
+
+def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: Frames) -> None:
+    job = parse(ctx, prompt="Once", stream=True)
+    assert FORMAT.renderer(job, ctx).start() == b""
+    frames = sse_frames(run_stream(job, ctx, [" upon", " a"]))
+    head = {"id": job.request.id, "object": "text_completion", "created": 1_700_000_000,
+            "model": "m", "system_fingerprint": frames[0]["system_fingerprint"]}
+
+    def chunk(text: str, finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"text": text, "index": 0, "logprobs": None,
+                                     "finish_reason": finish}]}
+
+    assert frames == [chunk(" upon"), chunk(" a"), chunk("", "stop"), "[DONE]"]
+    for frame in frames[:-1]:
+        sdk_chunk(frame)
+
+
+def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Frames) -> None:
+    job = parse(ctx, prompt="Once", stream=True, stream_options={"include_usage": True})
+    frames = sse_frames(run_stream(job, ctx, ["x", "", "y"]))
+    assert [f["usage"] for f in frames[:-2]] == [None] * 3
+    assert (frames[-2]["choices"], frames[-2]["usage"]["total_tokens"]) == ([], 6)
+    assert frames[-1] == "[DONE]"
+    chunks = [sdk_chunk(f) for f in frames[:-1]]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "xy"
+
+
+def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Frames) -> None:
+    renderer = FORMAT.renderer(parse(ctx, prompt="x", stream=True), ctx)
+    frames = sse_frames(renderer.error(QueueFull("too many requests waiting")))
+    assert frames == [
+        {"error": {"message": "too many requests waiting", "type": "requests", "param": None,
+                   "code": "rate_limit_exceeded"}},
+        "[DONE]",
+    ]
+    assert renderer.heartbeat() == b": keep-alive\n\n"
