@@ -17,6 +17,10 @@ from engine.types import Counters, Event, Finished, FinishReason, Request, TextD
 log = logging.getLogger("mlx_serve.engine")
 
 
+class PrefixLookup(Protocol):
+    def lookup(self, tokens: tuple[int, ...]) -> tuple[list[Any] | None, int]: ...
+
+
 class Runner(Protocol):
     def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0) -> None: ...
     def step(self, plan: StepPlan) -> StepOutput: ...
@@ -51,13 +55,24 @@ class RowText:
 class Core:
     """Runs on the MLX owner thread until the inbox yields None."""
 
-    def __init__(self, scheduler: Scheduler, runner: Runner, tokenizer: Any, counters: Counters) -> None:
+    def __init__(self, scheduler: Scheduler, runner: Runner, tokenizer: Any, counters: Counters,
+                 prefix_cache: PrefixLookup | None = None) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.tokenizer = tokenizer
         self.counters = counters
+        self.prefix_cache = prefix_cache
         self.tickets: dict[str, Ticket] = {}
         self.texts: dict[str, RowText] = {}
+        self._prefixes: dict[str, tuple[list[Any] | None, int]] = {}
+        scheduler.cached_prefix = self._lookup_prefix
+
+    def _lookup_prefix(self, request: Request) -> int:
+        if self.prefix_cache is None:
+            return 0
+        found = self.prefix_cache.lookup(request.prompt_tokens)
+        self._prefixes[request.id] = found
+        return found[1]
 
     def serve(self, inbox: queue.SimpleQueue[Ticket | None]) -> None:
         while True:
@@ -110,7 +125,8 @@ class Core:
     def _start(self, seq_id: str) -> None:
         seq = self.scheduler.get(seq_id)
         assert seq is not None
-        self.runner.admit(seq.request, None, 0)
+        cache, _ = self._prefixes.pop(seq_id, (None, 0))
+        self.runner.admit(seq.request, cache, seq.num_cached)
         self.texts[seq_id] = RowText(self.tokenizer.detokenizer, StopMatcher(seq.request.stop))
         self.counters.requests_started += 1
         self.counters.prompt_tokens += seq.prompt_len

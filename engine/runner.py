@@ -17,6 +17,7 @@ from mlx_lm.generate import GenerationBatch, PromptProcessingBatch, StopSequence
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
+from engine.prefix_cache import PrefixCache
 from engine.sampling import make_row_processors, make_row_sampler
 from engine.scheduler import StepOutput, StepPlan
 from engine.types import Request
@@ -27,9 +28,11 @@ NO_LIMIT = 1 << 40  # the scheduler decides when a row ends, not mlx-lm
 class BatchRunner:
     """Owns the KV caches and the model calls. Called only from the engine's owner thread."""
 
-    def __init__(self, model: Any, *, prefill_step_size: int = 2048) -> None:
+    def __init__(self, model: Any, *, prefill_step_size: int = 2048,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.model = model
         self.prefill_step_size = prefill_step_size
+        self.prefix_cache = prefix_cache
         self._uids = itertools.count()
         self._uid_of: dict[str, int] = {}
         self._seq_of: dict[int, str] = {}
@@ -76,12 +79,18 @@ class BatchRunner:
         for uid in gone:
             self._seq_of.pop(uid, None)
         keep = [i for i, uid in enumerate(self._gen.uids) if uid not in gone]
-        if len(keep) < len(self._gen.uids):
-            self._gen.filter(keep)
+        if len(keep) == len(self._gen.uids):
+            return
+        if self.prefix_cache is not None:
+            for i, uid in enumerate(self._gen.uids):
+                if uid in gone:
+                    self.prefix_cache.store(list(self._gen.tokens[i]), self._gen.extract_cache(i))
+        self._gen.filter(keep)
 
     def reset(self) -> None:
         """Forget every row (after a fault): the next request starts from a clean batch."""
-        self.__init__(self.model, prefill_step_size=self.prefill_step_size)  # type: ignore[misc]
+        self.__init__(self.model, prefill_step_size=self.prefill_step_size,  # type: ignore[misc]
+                      prefix_cache=self.prefix_cache)
 
     @property
     def num_rows(self) -> int:

@@ -105,7 +105,7 @@ class Scheduler:
                  cached_prefix: Callable[[Request], int] | None = None) -> None:
         self.config = config
         self.eos = eos_token_ids
-        self._cached_prefix = cached_prefix or (lambda _r: 0)
+        self.cached_prefix: Callable[[Request], int] = cached_prefix or (lambda _r: 0)
         self._orders = itertools.count()
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []
@@ -184,7 +184,7 @@ class Scheduler:
                 and self.num_active < cfg.max_running and self._fits(self.waiting[0]):
             seq = self.waiting.popleft()
             seq.state = SeqState.PREFILLING
-            seq.num_cached = seq.num_computed = min(self._cached_prefix(seq.request), seq.prompt_len - 1)
+            seq.num_cached = seq.num_computed = min(self.cached_prefix(seq.request), seq.prompt_len - 1)
             self.kv_reserved += seq.kv_tokens
             self.prefilling.append(seq)
             admitted.append(seq.id)

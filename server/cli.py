@@ -11,6 +11,9 @@ from typing import Any
 from server.config import Config, load_config
 
 
+DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
+
+
 def main(argv: list[str] | None = None) -> None:
     config = load_config(argv)
     from engine.blas import reexec_with_blas
@@ -43,6 +46,7 @@ def make_loader(config: Config) -> Any:
 def make_core_factory(config: Config) -> Any:
     def make_core(loaded: Any, counters: Any) -> Any:
         from engine.core import Core
+        from engine.prefix_cache import PrefixCache
         from engine.runner import BatchRunner
         from engine.scheduler import Scheduler, SchedulerConfig
 
@@ -51,8 +55,11 @@ def make_core_factory(config: Config) -> Any:
                                           token_budget=config.prefill_step_size,
                                           max_waiting=config.max_queue),
                           frozenset(loaded.tokenizer.eos_token_ids))
-        runner = BatchRunner(loaded.model, prefill_step_size=config.prefill_step_size)
-        return Core(sched, runner, loaded.tokenizer, counters)
+        prefix = PrefixCache(f"{loaded.model_id}|{config.adapter_path or ''}",
+                             max_entries=config.prompt_cache_size,
+                             max_bytes=config.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES)
+        runner = BatchRunner(loaded.model, prefill_step_size=config.prefill_step_size, prefix_cache=prefix)
+        return Core(sched, runner, loaded.tokenizer, counters, prefix)
 
     return make_core
 
