@@ -74,8 +74,11 @@ class Core:
         self._prefixes[request.id] = found
         return found[1]
 
-    def serve(self, inbox: queue.SimpleQueue[Ticket | None]) -> None:
+    def serve(self, inbox: queue.SimpleQueue[Ticket | None],
+              flush: Callable[[], None] = lambda: None) -> None:
+        """Loop until None arrives; `flush` runs after every step (to batch event delivery)."""
         while True:
+            flush()
             block = not self.scheduler.has_work
             while True:
                 try:
@@ -158,11 +161,11 @@ class Core:
         self.texts.pop(seq_id, None)
 
     def _fail_all(self, exc: ServeError) -> None:
-        for seq_id, ticket in list(self.tickets.items()):
+        """Fail every request the runner held; those still waiting keep their place."""
+        for seq_id in list(self.texts):
             self.scheduler.abort(seq_id)
-            ticket.emit(exc)
+            self.tickets[seq_id].emit(exc)
             self.counters.requests_failed += 1
-        self.tickets.clear()
-        self.texts.clear()
-        self.scheduler.schedule()  # flush pending releases; the runner is rebuilt below
+            self._drop(seq_id)
+        self.scheduler.take_releases()  # the runner is rebuilt below, rows and all
         self.runner.reset()

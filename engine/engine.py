@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
 from typing import Any
 
 from engine.core import Core, Ticket
@@ -32,12 +33,20 @@ class EngineState(enum.Enum):
 class RequestStream:
     """The consumer's end of one request: `await next()` until a Finished event."""
 
-    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop,
+                 on_cancel: Callable[[], None] | None = None) -> None:
         self._events: asyncio.Queue[Event | ServeError | object] = asyncio.Queue()
         put = self._events.put_nowait
         self.ticket = Ticket(request, lambda ev: loop.call_soon_threadsafe(put, ev))
         self.request = request
         self.done = False
+        self._on_cancel = on_cancel
+
+    def push(self, ev: Event | ServeError) -> None:
+        """Deliver an event from the loop's own thread."""
+        self._events.put_nowait(ev)
+        if isinstance(ev, (Finished, ServeError)):
+            self.ticket.aborted.set()  # nothing more will come: a later cancel sends nothing
 
     async def next(self) -> Event | None:
         """The next event; None once cancelled. Raises the engine's error for this request."""
@@ -53,9 +62,13 @@ class RequestStream:
 
     def cancel(self) -> None:
         """The client left: stop generation at the next step and wake the consumer."""
-        if not self.done:
+        if self.done:
+            return
+        self._events.put_nowait(CANCELLED)
+        if not self.ticket.aborted.is_set():
             self.ticket.aborted.set()
-            self._events.put_nowait(CANCELLED)
+            if self._on_cancel is not None:
+                self._on_cancel()
 
     async def __aiter__(self) -> AsyncIterator[Event]:
         try:
@@ -99,6 +112,9 @@ class Engine:
             await asyncio.sleep(poll_s)
         if self.state is not EngineState.READY:
             raise EngineUnavailable(f"engine is {self.state.value}: {self.error}")
+
+    async def stats(self) -> dict[str, Any]:
+        return {"restarts": 0, **asdict(self.counters)}
 
     def submit(self, request: Request) -> RequestStream:
         """Queue a request; refusals (not ready, …) raise here, before any response starts."""

@@ -92,18 +92,47 @@ def _from_hub(repo: str) -> Path:
     return Path(snapshot_download(repo, allow_patterns=patterns))
 
 
-def load(spec: str | None, *, adapter_path: str | None = None, chat_template: str = "",
-         trust_remote_code: bool = False) -> LoadedModel:
-    """Load weights and tokenizer through mlx-lm (lazy weights are evaluated here)."""
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Everything needed to load the model again, in this process or another (picklable)."""
+
+    path: Path
+    model_id: str
+    adapter_path: str | None = None
+    chat_template: str = ""
+    trust_remote_code: bool = False
+
+    def tokenizer_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"trust_remote_code": self.trust_remote_code}
+        if self.chat_template:
+            config["chat_template"] = _template_text(self.chat_template)
+        return config
+
+
+def prepare(spec: str | None, *, adapter_path: str | None = None, chat_template: str = "",
+            trust_remote_code: bool = False) -> ModelSpec:
+    """Find, fetch or convert the model named by `--model`; loads no weights."""
+    path, model_id = resolve(spec)
+    return ModelSpec(path, model_id, adapter_path, chat_template, trust_remote_code)
+
+
+def load_tokenizer(spec: ModelSpec) -> Any:
+    """The tokenizer alone, as mlx-lm would load it beside the model."""
+    from mlx_lm.utils import load_config, load_tokenizer as mlx_load_tokenizer
+
+    eos = load_config(spec.path).get("eos_token_id")
+    return mlx_load_tokenizer(spec.path, spec.tokenizer_config(), eos_token_ids=eos)
+
+
+def load_model(spec: ModelSpec) -> LoadedModel:
+    """Weights and tokenizer through mlx-lm (weights are evaluated here, not lazily)."""
     from mlx_lm.utils import load as mlx_load
 
-    path, model_id = resolve(spec)
-    tok_config: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    if chat_template:
-        tok_config["chat_template"] = _template_text(chat_template)
-    print(f"Loading {model_id} from {path} ...", flush=True)
-    model, tokenizer = mlx_load(str(path), adapter_path=adapter_path, tokenizer_config=tok_config)
-    return LoadedModel(model=model, tokenizer=tokenizer, model_id=model_id, path=path)
+    print(f"Loading {spec.model_id} from {spec.path} ...", flush=True)
+    model, tokenizer = mlx_load(str(spec.path), adapter_path=spec.adapter_path,
+                                tokenizer_config=spec.tokenizer_config(),
+                                trust_remote_code=spec.trust_remote_code)
+    return LoadedModel(model=model, tokenizer=tokenizer, model_id=spec.model_id, path=spec.path)
 
 
 def _template_text(value: str) -> str:

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.errors import QueueFull
+from engine.errors import ContextTooLong, InvalidRequest, QueueFull
 from engine.types import FinishReason, Request
 
 
@@ -103,6 +103,9 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, eos_token_ids: frozenset[int],
                  cached_prefix: Callable[[Request], int] | None = None) -> None:
+        if config.max_running > config.token_budget:
+            raise ValueError(f"max_running ({config.max_running}) exceeds token_budget "
+                             f"({config.token_budget}): decode rows alone would overrun a step")
         self.config = config
         self.eos = eos_token_ids
         self.cached_prefix: Callable[[Request], int] = cached_prefix or (lambda _r: 0)
@@ -117,6 +120,14 @@ class Scheduler:
     # -- membership -------------------------------------------------------------------
 
     def add(self, request: Request) -> None:
+        if not request.prompt_tokens:
+            raise InvalidRequest("the prompt is empty")
+        if request.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
+        if not self.can_ever_fit(request):
+            raise ContextTooLong(
+                f"the prompt ({len(request.prompt_tokens)} tokens) plus max_tokens ({request.max_tokens}) "
+                f"can never fit the KV budget of {self.config.kv_capacity_tokens} tokens")
         if len(self.waiting) >= self.config.max_waiting:
             raise QueueFull(f"the waiting queue is full ({self.config.max_waiting} requests)")
         seq = Sequence(request, next(self._orders))
@@ -134,6 +145,10 @@ class Scheduler:
     def finish(self, seq_id: str) -> None:
         """Ended from outside (a stop string matched): free its row next step."""
         self.abort(seq_id)
+
+    def take_releases(self) -> tuple[str, ...]:
+        released, self._to_release = tuple(self._to_release), []
+        return released
 
     def get(self, seq_id: str) -> Sequence | None:
         return self._by_id.get(seq_id)
@@ -163,7 +178,7 @@ class Scheduler:
     # -- the step ---------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        release, self._to_release = tuple(self._to_release), []
+        release = self.take_releases()
         budget = self.config.token_budget - len(self.decoding)
         admitted = self._admit()
         chunks = []

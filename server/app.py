@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import orjson
 
@@ -120,7 +120,7 @@ class App:
         await send_json(send, 200, orjson.dumps(card))
 
     async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = {"state": self.engine.state.value, **asdict(self.engine.counters)}
+        body = {"state": self.engine.state.value, **await self.engine.stats()}
         await send_json(send, 200, orjson.dumps(body))
 
     # -- generation ---------------------------------------------------------------------

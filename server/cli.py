@@ -11,9 +11,6 @@ from typing import Any
 from server.config import Config, load_config
 
 
-DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
-
-
 def main(argv: list[str] | None = None) -> None:
     config = load_config(argv)
     from engine.blas import reexec_with_blas
@@ -26,76 +23,73 @@ def main(argv: list[str] | None = None) -> None:
         pass
 
 
-def make_loader(config: Config) -> Any:
-    def load() -> Any:
-        import mlx.core as mx
+def engine_settings(config: Config) -> Any:
+    from engine.assemble import EngineSettings
 
-        from engine.loader import load as load_model
-
-        if config.seed is not None:
-            mx.random.seed(config.seed)
-        loaded = load_model(config.model, adapter_path=config.adapter_path,
-                            chat_template=config.chat_template,
-                            trust_remote_code=config.trust_remote_code)
-        print(banner(config, loaded), flush=True)
-        return loaded
-
-    return load
+    return EngineSettings(max_running=min(config.decode_concurrency, config.prefill_step_size),
+                          max_prefilling=config.prompt_concurrency,
+                          token_budget=config.prefill_step_size,
+                          max_waiting=config.max_queue,
+                          prompt_cache_size=config.prompt_cache_size,
+                          prompt_cache_bytes=config.prompt_cache_bytes,
+                          seed=config.seed)
 
 
-def make_core_factory(config: Config) -> Any:
-    def make_core(loaded: Any, counters: Any) -> Any:
-        from engine.core import Core
-        from engine.prefix_cache import PrefixCache
-        from engine.runner import BatchRunner
-        from engine.scheduler import Scheduler, SchedulerConfig
+def model_spec(config: Config) -> Any:
+    from engine.loader import prepare
 
-        sched = Scheduler(SchedulerConfig(max_running=config.decode_concurrency,
-                                          max_prefilling=config.prompt_concurrency,
-                                          token_budget=config.prefill_step_size,
-                                          max_waiting=config.max_queue),
-                          frozenset(loaded.tokenizer.eos_token_ids))
-        prefix = PrefixCache(f"{loaded.model_id}|{config.adapter_path or ''}",
-                             max_entries=config.prompt_cache_size,
-                             max_bytes=config.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES)
-        runner = BatchRunner(loaded.model, prefill_step_size=config.prefill_step_size, prefix_cache=prefix)
-        return Core(sched, runner, loaded.tokenizer, counters, prefix)
-
-    return make_core
+    return prepare(config.model, adapter_path=config.adapter_path,
+                   chat_template=config.chat_template, trust_remote_code=config.trust_remote_code)
 
 
-def banner(config: Config, loaded: Any) -> str:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
+def build_engine(config: Config) -> Any:
+    """A child-process engine (the default) or one on a thread of this process."""
+    from engine.assemble import load_and_build, make_core
+    from engine.engine import Engine
+    from engine.loader import LoadedModel, load_model, load_tokenizer
+    from engine.process import ProcessEngine
 
-    from engine.blas import blas_in_use
+    settings = engine_settings(config)
+    if config.engine == "thread":
+        holder: dict[str, Any] = {}
 
-    dtypes = sorted({str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(loaded.model.parameters())})
-    url = f"http://{_url_host(config.host)}:{config.port}"
-    example = (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
-               "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'")
-    return "\n".join([
-        f"mlx-serve: serving {loaded.model_id}",
-        f"  device: {mx.default_device()}  dtypes: {', '.join(dtypes)}",
-        f"  BLAS: {blas_in_use()}",
-        f"  listening on {url}  (OpenAI: {url}/v1)",
-        f"  try: {example}",
-    ])
+        def load() -> LoadedModel:
+            spec = model_spec(config)
+            holder["adapter"] = spec.adapter_path
+            loaded = load_model(spec)
+            return loaded
+
+        return Engine(load, lambda loaded, counters: make_core(loaded, counters, settings,
+                                                                holder.get("adapter")))
+
+    def prepare() -> tuple[Any, tuple[Any, ...]]:
+        spec = model_spec(config)
+        view = LoadedModel(model=None, tokenizer=load_tokenizer(spec), model_id=spec.model_id,
+                           path=spec.path)
+        return view, (load_and_build, (spec, settings))
+
+    return ProcessEngine(prepare)
 
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def greeting(config: Config) -> str:
+    url = f"http://{_url_host(config.host)}:{config.port}"
+    example = (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+               "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'")
+    return (f"mlx-serve: listening on {url} (OpenAI base URL {url}/v1); "
+            f"/health is 503 until the model is ready\n  try: {example}")
+
+
 async def serve(config: Config) -> None:
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config as HypercornConfig
 
-    from engine.engine import Engine
     from server.app import App
 
-    engine = Engine(make_loader(config), make_core_factory(config))
-    app = App(config, engine)
+    app = App(config, build_engine(config))
     hc = HypercornConfig()
     hc.bind = [f"{_url_host(config.host)}:{config.port}"]
     hc.keep_alive_timeout = config.keep_alive_s
@@ -104,11 +98,9 @@ async def serve(config: Config) -> None:
     hc.read_timeout = None
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
-    hc.h11_max_incomplete_size = 64 * 1024
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(f"mlx-serve: loading model, listening on {hc.bind[0]} (/health is 503 until ready)",
-          file=sys.stderr, flush=True)
+    print(greeting(config), file=sys.stderr, flush=True)
     await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]

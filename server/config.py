@@ -50,6 +50,7 @@ class Config:
     startup_timeout_s: float = 600 * SECONDS
     keep_alive_s: float = 75 * SECONDS
     blas: str = "auto"
+    engine: str = "process"
     seed: int | None = None
 
 
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--keep-alive-s", type=float, help="idle HTTP keep-alive seconds (75)")
     a("--blas", help="Linux CPU BLAS: auto (OpenBLAS when installed), bundled, or a .so path")
     a("--seed", type=int, help="global random seed")
+    a("--engine", choices=("process", "thread"),
+      help="run the model in a restartable child process (default) or a thread of this one")
     return p
 
 

@@ -158,3 +158,14 @@ def test_health_answers_while_generating(smollm_server: ServerProcess) -> None:
         time.sleep(0.02)
     t.join()
     assert len(answers) >= 10  # the loop kept answering throughout the generation
+
+
+def test_second_turn_reuses_the_prefix_cache(client: openai.OpenAI, oracle: Any) -> None:
+    first = client.chat.completions.create(model="m", messages=STORY, max_tokens=16)
+    reply = first.choices[0].message.content or ""
+    turn2 = [*STORY, {"role": "assistant", "content": reply}, {"role": "user", "content": "Go on."}]
+    second = client.chat.completions.create(model="m", messages=turn2, max_tokens=16)
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens  # type: ignore[union-attr]
+    want, _ = oracle(messages=turn2, max_tokens=16)
+    assert second.choices[0].message.content == want  # reusing KV changes nothing in the answer

@@ -1,0 +1,285 @@
+"""A Hugging Face `tokenizers` tokenizer rebuilt from a GGUF file's `tokenizer.*` metadata.
+
+Two families: byte-level BPE (`tokenizer.ggml.model == "gpt2"`: SmolLM2, Llama 3, …) with its
+pre-tokenizer picked by `tokenizer.ggml.pre`, and SentencePiece-style BPE with byte fallback
+(`"llama"`: Gemma, Llama 2, …) whose merges are rebuilt from the vocabulary. The result is
+written as tokenizer.json + tokenizer_config.json, shaped so that mlx-lm picks its fast
+streaming detokenizer (BPE for byte-level, SPM for SentencePiece).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers.models import BPE
+from tokenizers.processors import ByteLevel as ByteLevelProcessor
+from tokenizers.processors import TemplateProcessing
+
+from engine.gguf_reader import GGUFFile
+
+logger = logging.getLogger(__name__)
+
+SPIECE_SPACE = "\u2581"
+
+# llama.cpp token types (gguf.TokenType)
+_CONTROL = 3
+_USER_DEFINED = 4
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "dbrx"})
+_GPT2_PRE = frozenset({"default", "gpt2", "gpt-2"})
+# Gemma's scores do not follow its merge order; its token order does (as transformers does)
+_ORDER_RANKED_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFVocab:
+    """The tokenizer half of a GGUF file's metadata."""
+
+    model: str
+    pre: str
+    tokens: list[str]
+    token_types: np.ndarray
+    scores: np.ndarray | None
+    merges: list[str] | None
+    bos_id: int | None
+    eos_id: int | None
+    unk_id: int | None
+    pad_id: int | None
+    extra_eos_ids: tuple[int, ...]
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    chat_template: str | None
+
+    def token(self, token_id: int | None) -> str | None:
+        return None if token_id is None else self.tokens[token_id]
+
+
+def read_vocab(gguf: GGUFFile) -> GGUFVocab:
+    """The tokenizer metadata of a parsed GGUF file."""
+    md = gguf.metadata
+    model = str(md.get("tokenizer.ggml.model", ""))
+    return GGUFVocab(
+        model=model,
+        pre=str(md.get("tokenizer.ggml.pre", "default")),
+        tokens=list(md["tokenizer.ggml.tokens"]),
+        token_types=np.asarray(md.get("tokenizer.ggml.token_type", []), dtype=np.int32),
+        scores=md.get("tokenizer.ggml.scores"),
+        merges=md.get("tokenizer.ggml.merges"),
+        bos_id=_int_key(md, "bos_token_id"),
+        eos_id=_int_key(md, "eos_token_id"),
+        unk_id=_int_key(md, "unknown_token_id"),
+        pad_id=_int_key(md, "padding_token_id"),
+        extra_eos_ids=tuple(i for k in ("eot_token_id", "eom_token_id") if (i := _int_key(md, k)) is not None),
+        # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise
+        add_bos=bool(md.get("tokenizer.ggml.add_bos_token", model == "llama")),
+        add_eos=bool(md.get("tokenizer.ggml.add_eos_token", False)),
+        add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", model == "llama")),
+        chat_template=md.get("tokenizer.chat_template"),
+    )
+
+
+def _int_key(md: dict[str, Any], key: str) -> int | None:
+    value = md.get(f"tokenizer.ggml.{key}")
+    return None if value is None else int(value)
+
+
+def build_tokenizer(vocab: GGUFVocab, architecture: str) -> Tokenizer:
+    """The `tokenizers` pipeline the file describes; ValueError for an unknown family."""
+    match vocab.model:
+        case "gpt2":
+            tokenizer = _byte_level_tokenizer(vocab)
+        case "llama":
+            tokenizer = _sentencepiece_tokenizer(vocab, order_ranked=architecture in _ORDER_RANKED_ARCHS)
+        case other:
+            raise ValueError(f"GGUF tokenizer model {other!r} is not supported (gpt2, llama)")
+    _add_special_tokens(tokenizer, vocab)
+    tokenizer.post_processor = _post_processor(vocab)
+    return tokenizer
+
+
+def eos_token_ids(vocab: GGUFVocab) -> list[int]:
+    """Every id that ends generation: EOS plus end-of-turn/message where the file names them."""
+    ids = [vocab.eos_id] if vocab.eos_id is not None else []
+    return ids + [i for i in vocab.extra_eos_ids if i not in ids]
+
+
+def tokenizer_config(vocab: GGUFVocab, max_length: int) -> dict[str, Any]:
+    """tokenizer_config.json: special tokens, BOS/EOS policy and the chat template."""
+    config: dict[str, Any] = {
+        # the generic class loads tokenizer.json as written; model-specific classes may rebuild it
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": vocab.token(vocab.bos_id),
+        "eos_token": vocab.token(vocab.eos_id),
+        "unk_token": vocab.token(vocab.unk_id),
+        "pad_token": vocab.token(vocab.pad_id),
+        "add_bos_token": vocab.add_bos,
+        "add_eos_token": vocab.add_eos,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+    }
+    if vocab.chat_template:
+        config["chat_template"] = vocab.chat_template
+    return config
+
+
+def write_tokenizer(gguf: GGUFFile, folder: Path, max_length: int) -> GGUFVocab:
+    """Write tokenizer.json and tokenizer_config.json for `gguf` into `folder`."""
+    vocab = read_vocab(gguf)
+    build_tokenizer(vocab, gguf.architecture).save(str(folder / "tokenizer.json"))
+    config = tokenizer_config(vocab, max_length)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    return vocab
+
+
+# --- byte-level BPE -------------------------------------------------------------------------
+
+
+@cache
+def _byte_alphabet() -> dict[int, str]:  # computed once, never mutated
+    """GPT-2's byte -> printable character table."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = (b for b in range(256) if b not in table)
+    table.update({b: chr(256 + n) for n, b in enumerate(extra)})
+    return table
+
+
+def _byte_level_spelling(token: str) -> str:
+    """Tokens are stored byte-level spelled; one that is not (a mislabelled raw token) gets spelled."""
+    if set(token) <= _byte_charset():
+        return token
+    alphabet = _byte_alphabet()
+    return "".join(alphabet[b] for b in token.encode("utf-8"))
+
+
+@cache
+def _byte_charset() -> frozenset[str]:
+    return frozenset(_byte_alphabet().values())
+
+
+def _byte_level_tokenizer(vocab: GGUFVocab) -> Tokenizer:
+    if vocab.merges is None:
+        raise ValueError("GGUF byte-level BPE tokenizer has no tokenizer.ggml.merges")
+    ids = {_byte_level_spelling(t): i for i, t in enumerate(vocab.tokens)}
+    merges = [_merge_pair(m) for m in vocab.merges]
+    # llama.cpp takes a whole pre-token found in a Llama 3 vocabulary without merging
+    model = BPE(ids, merges, fuse_unk=False, byte_fallback=False, ignore_merges=vocab.pre in _LLAMA3_PRE)
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = _byte_level_pre_tokenizer(vocab.pre)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _merge_pair(merge: str) -> tuple[str, str]:
+    left, _, right = merge.partition(" ")
+    return left, right
+
+
+def _byte_level_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre == "smollm":
+        # SmolLM splits every digit on its own before the GPT-2 regex
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in _LLAMA3_PRE:
+        split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
+        return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre not in _GPT2_PRE:
+        logger.warning("GGUF pre-tokenizer %r is not known; using GPT-2's split", pre)
+    return byte_level
+
+
+# --- SentencePiece-style BPE ---------------------------------------------------------------
+
+
+def _sentencepiece_tokenizer(vocab: GGUFVocab, *, order_ranked: bool) -> Tokenizer:
+    tokens = [_spm_spelling(t) for t in vocab.tokens]
+    ids = {t: i for i, t in enumerate(tokens)}
+    if order_ranked or vocab.scores is None:
+        ranks = {t: -float(i) for i, t in enumerate(tokens)}
+    else:
+        ranks = {t: float(s) for t, s in zip(tokens, vocab.scores)}
+    unk = vocab.token(vocab.unk_id)
+    model = BPE(ids, _rebuild_merges(ids, ranks), unk_token=unk, fuse_unk=True, byte_fallback=True)
+    tokenizer = Tokenizer(model)
+    if vocab.add_space_prefix:
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE_SPACE, prepend_scheme="first", split=False)
+    else:
+        tokenizer.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
+        # a no-op after the normalizer, kept because Gemma's own tokenizer.json has it
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tokenizer.decoder = _spm_decoder(strip_prefix=vocab.add_space_prefix)
+    return tokenizer
+
+
+def _spm_spelling(token: str) -> str:
+    """llama.cpp's Gemma files keep whitespace-only tokens as real spaces; the model's
+    normalizer turns spaces into ▁ first, so the vocabulary must say ▁ too."""
+    if token and not token.strip(" ") and " " in token:
+        return SPIECE_SPACE * len(token)
+    return token
+
+
+def _rebuild_merges(ids: dict[str, int], ranks: dict[str, float]) -> list[tuple[str, str]]:
+    """Every split of a token into two vocabulary tokens, best-ranked token first.
+
+    The same order transformers' `generate_merges` yields: by rank, then longer left piece,
+    then longer right piece, ties kept in vocabulary order.
+    """
+    merges: list[tuple[str, str, float]] = []
+    for token, rank in ranks.items():
+        for cut in range(len(token) - 1, 0, -1):
+            left, right = token[:cut], token[cut:]
+            if left in ids and right in ids:
+                merges.append((left, right, rank))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
+def _spm_decoder(*, strip_prefix: bool) -> decoders.Decoder:
+    steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if strip_prefix:
+        steps.append(decoders.Strip(" ", 1, 0))
+    return decoders.Sequence(steps)
+
+
+# --- shared ----------------------------------------------------------------------------------
+
+
+def _add_special_tokens(tokenizer: Tokenizer, vocab: GGUFVocab) -> None:
+    """Control tokens become special added tokens and user-defined ones plain added tokens,
+    so both are matched whole in the text instead of being cut into pieces."""
+    known = tokenizer.get_vocab()
+    types = vocab.token_types.tolist()
+    control = [t for t, k in zip(vocab.tokens, types) if k == _CONTROL and t in known]
+    user = [t for t, k in zip(vocab.tokens, types) if k == _USER_DEFINED and t in known]
+    tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+    tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+
+
+def _post_processor(vocab: GGUFVocab) -> Any:
+    bos, eos = vocab.token(vocab.bos_id), vocab.token(vocab.eos_id)
+    bos = bos if vocab.add_bos else None
+    eos = eos if vocab.add_eos else None
+    if bos is None and eos is None:
+        return ByteLevelProcessor(trim_offsets=False) if vocab.model == "gpt2" else None
+    single = _template("$A", 0, bos, eos)
+    pair = single + _template("$B", 1, bos, eos)
+    specials = [(t, i) for t, i in ((bos, vocab.bos_id), (eos, vocab.eos_id)) if t is not None and i is not None]
+    return TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+
+
+def _template(sequence: str, type_id: int, bos: str | None, eos: str | None) -> list[str]:
+    pieces = [p for p in (bos, sequence, eos) if p is not None]
+    return [f"{p}:{type_id}" for p in pieces]

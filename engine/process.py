@@ -1,0 +1,272 @@
+"""The engine in a child process: an MLX crash or out-of-memory kills only the child.
+
+The parent keeps the tokenizer (protocols need it) and talks to the child over a pipe with
+small pickled messages; the child batches every event of a step into one message. When the
+child dies, in-flight requests fail with an error in their own format, /health turns 503, and
+a new child is started and serves the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing as mp
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.core import Core, Ticket
+from engine.engine import EngineState, RequestStream
+from engine.errors import EngineFailed, EngineUnavailable, ServeError
+from engine.types import Counters, Event, Finished, Request
+
+log = logging.getLogger("mlx_serve.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StatsQuery:
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    pid: int
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Events:
+    items: list[tuple[str, Event | ServeError]]
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    nonce: int
+    counters: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFailed:
+    error: str
+
+
+@dataclass(slots=True)
+class _Child:
+    process: Any
+    conn: Any
+    pid: int = 0
+    streams: dict[str, RequestStream] = field(default_factory=dict)
+
+
+class ProcessEngine:
+    """Same face as engine.engine.Engine, with the model in a restartable child process."""
+
+    def __init__(self, prepare: Callable[[], tuple[Any, tuple[Any, ...]]]) -> None:
+        self._prepare = prepare
+        self.loaded: Any = None  # model_id and tokenizer, for the protocols
+        self._child_args: tuple[Any, ...] = ()
+        self.state = EngineState.LOADING
+        self.error: str | None = None
+        self.restarts = 0
+        self.info: dict[str, Any] = {}
+        self._child: _Child | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._nonces = itertools.count()
+        self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._stopping = False
+
+    @property
+    def ready(self) -> bool:
+        return self.state is EngineState.READY
+
+    @property
+    def pid(self) -> int:
+        return self._child.pid if self._child else 0
+
+    def start(self) -> None:
+        """Find/convert the model and load the tokenizer off the loop, then spawn the child."""
+        self._loop = asyncio.get_running_loop()
+        threading.Thread(target=self._prepare_then_spawn, name="engine-prepare", daemon=True).start()
+
+    def _prepare_then_spawn(self) -> None:
+        assert self._loop is not None
+        try:
+            self.loaded, self._child_args = self._prepare()
+        except Exception as exc:  # noqa: BLE001 - reported on /health
+            log.exception("model preparation failed")
+            self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED
+            return
+        self._loop.call_soon_threadsafe(self._spawn)
+
+    def _spawn(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=serve_child, args=(child, *self._child_args),
+                           name="mlx-serve-engine", daemon=True)
+        proc.start()
+        child.close()
+        self._child = _Child(proc, parent)
+        threading.Thread(target=self._read, args=(self._child,), name="engine-reader", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        child, self._child = self._child, None
+        self.state = EngineState.STOPPED
+        if child is not None:
+            child.process.terminate()
+            child.process.join(5)
+
+    async def wait_ready(self, poll_s: float = 0.05) -> None:
+        while self.state is EngineState.LOADING:
+            await asyncio.sleep(poll_s)
+        if self.state is not EngineState.READY:
+            raise EngineUnavailable(f"engine is {self.state.value}: {self.error}")
+
+    def submit(self, request: Request) -> RequestStream:
+        child = self._child
+        if not self.ready or child is None:
+            raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
+        stream = RequestStream(request, asyncio.get_running_loop(),
+                               on_cancel=lambda: self._send(child, Abort(request.id)))
+        child.streams[request.id] = stream
+        self._send(child, Submit(request))
+        return stream
+
+    async def stats(self) -> dict[str, Any]:
+        """The child's counters, asked for now (so they are never stale)."""
+        child = self._child
+        base = {"restarts": self.restarts, "engine_pid": self.pid}
+        if child is None or not self.ready:
+            return base
+        nonce = next(self._nonces)
+        waiter = asyncio.get_running_loop().create_future()
+        self._stats_waiters[nonce] = waiter
+        self._send(child, StatsQuery(nonce))
+        try:
+            return {**base, **await asyncio.wait_for(waiter, 5)}
+        finally:
+            self._stats_waiters.pop(nonce, None)
+
+    def _send(self, child: _Child, message: Any) -> None:
+        try:
+            child.conn.send(message)
+        except (OSError, ValueError):
+            pass  # the reader thread notices the death and fails the requests
+
+    # -- the reader thread and what it hands to the loop -------------------------------
+
+    def _read(self, child: _Child) -> None:
+        assert self._loop is not None
+        while True:
+            try:
+                message = child.conn.recv()
+            except (EOFError, OSError):
+                break
+            self._loop.call_soon_threadsafe(self._on_message, child, message)
+        child.process.join(5)
+        self._loop.call_soon_threadsafe(self._on_death, child, child.process.exitcode)
+
+    def _on_message(self, child: _Child, message: Any) -> None:
+        if isinstance(message, Events):
+            for request_id, ev in message.items:
+                stream = child.streams.get(request_id)
+                if stream is not None:
+                    stream.push(ev)
+                    if isinstance(ev, (Finished, ServeError)):
+                        child.streams.pop(request_id, None)
+        elif isinstance(message, Stats):
+            waiter = self._stats_waiters.get(message.nonce)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message.counters)
+        elif isinstance(message, Ready):
+            child.pid, self.info = message.pid, message.info
+            self.state, self.error = EngineState.READY, None
+        elif isinstance(message, LoadFailed):
+            self.state, self.error = EngineState.FAILED, message.error
+
+    def _on_death(self, child: _Child, exitcode: int | None) -> None:
+        for stream in child.streams.values():
+            stream.push(EngineFailed(f"the engine process died (exit code {exitcode}); it is restarting"))
+        child.streams.clear()
+        if self._stopping or child is not self._child or self.state is EngineState.FAILED:
+            return
+        log.error("engine process %s died with exit code %s; restarting", child.pid, exitcode)
+        self.restarts += 1
+        self.state, self.error = EngineState.LOADING, f"engine process died (exit code {exitcode})"
+        self._spawn()
+
+
+# -- the child side ------------------------------------------------------------------------
+
+
+def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...]) -> None:
+    """Entry point of the engine process: build the core, then serve the pipe until EOF."""
+    counters = Counters()
+    try:
+        core, info = build(counters, *build_args)
+    except Exception as exc:  # noqa: BLE001 - told to the parent, which reports it on /health
+        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
+        return
+    inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
+    outbox: list[tuple[str, Event | ServeError]] = []
+    lock = threading.Lock()
+    tickets: dict[str, Ticket] = {}
+
+    def send(message: Any) -> None:
+        with lock:
+            conn.send(message)
+
+    def flush() -> None:
+        if outbox:
+            items = outbox[:]
+            del outbox[:]
+            send(Events(items))
+
+    def emitter(rid: str) -> Any:
+        def emit(ev: Event | ServeError) -> None:
+            outbox.append((rid, ev))
+            if isinstance(ev, (Finished, ServeError)):
+                tickets.pop(rid, None)
+
+        return emit
+
+    threading.Thread(target=_child_reader, args=(conn, inbox, tickets, emitter, send, counters),
+                     daemon=True).start()
+    import os
+
+    send(Ready(os.getpid(), info))
+    core.serve(inbox, flush)
+
+
+def _child_reader(conn: Any, inbox: queue.SimpleQueue[Ticket | None], tickets: dict[str, Ticket],
+                  emitter: Any, send: Any, counters: Counters) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            inbox.put(None)
+            return
+        if isinstance(message, Submit):
+            rid = message.request.id
+            tickets[rid] = Ticket(message.request, emitter(rid))
+            inbox.put(tickets[rid])
+        elif isinstance(message, Abort):
+            ticket = tickets.pop(message.request_id, None)
+            if ticket is not None:
+                ticket.aborted.set()
+        elif isinstance(message, StatsQuery):
+            send(Stats(message.nonce, {**asdict(counters), "at": time.time()}))

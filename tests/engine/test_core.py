@@ -1,0 +1,178 @@
+"""Tier 1: the owner-thread loop with the real scheduler and the scripted fake runner."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from engine.core import Core, Ticket
+from engine.errors import EngineFailed, QueueFull, ServeError
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.types import Counters, Event, Finished, FinishReason, Request, TextDelta, Usage
+from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
+
+TIMEOUT_S = 5.0
+
+
+@dataclass(slots=True)
+class Client:
+    """One ticket's consumer: everything the core emits for it, in order."""
+
+    request: Request
+    events: queue.Queue[Event | ServeError] = field(default_factory=queue.Queue)
+    ticket: Ticket = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ticket = Ticket(self.request, self.events.put)
+
+    def next(self) -> Event | ServeError:
+        return self.events.get(timeout=TIMEOUT_S)
+
+    def until_end(self) -> tuple[str, Finished | ServeError]:
+        text = ""
+        while not isinstance(ev := self.next(), Finished | ServeError):
+            assert isinstance(ev, TextDelta)
+            text += ev.text
+        return text, ev
+
+
+@dataclass(slots=True)
+class Harness:
+    core: Core
+    runner: ScriptedRunner
+    inbox: queue.SimpleQueue[Ticket | None] = field(default_factory=queue.SimpleQueue)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
+
+    def submit(self, request: Request) -> Client:
+        client = Client(request)
+        self.inbox.put(client.ticket)
+        return client
+
+
+def make(runner: ScriptedRunner, **config: int) -> Harness:
+    scheduler = Scheduler(SchedulerConfig(**config), frozenset({EOS}))
+    return Harness(Core(scheduler, runner, FakeTokenizer(runner.pieces), Counters()), runner)
+
+
+@contextmanager
+def serving(h: Harness) -> Iterator[Harness]:
+    thread = threading.Thread(target=h.core.serve, args=(h.inbox,), daemon=True)
+    thread.start()
+    try:
+        yield h
+    finally:
+        h.inbox.put(None)
+        thread.join(TIMEOUT_S)
+        assert not thread.is_alive()
+
+
+def wait_until(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.002)
+
+
+def req(seq_id: str, max_tokens: int = 100, stop: tuple[str, ...] = ()) -> Request:
+    return Request(seq_id, (5, 6, 7), max_tokens=max_tokens, stop=stop)
+
+
+def idle(h: Harness) -> bool:
+    return not h.scheduler.has_work and not h.runner.rows and h.scheduler.kv_reserved == 0
+
+
+def test_core_streams_pieces_then_finishes_on_eos() -> None:
+    h = make(ScriptedRunner(["He", "llo", "!"]))
+    with serving(h):
+        text, end = h.submit(req("a")).until_end()
+        wait_until(lambda: idle(h))
+    assert text == "Hello!"
+    assert end == Finished(FinishReason.STOP, Usage(3, 4, 0))  # three pieces, then EOS
+    assert h.runner.steps_taken == [4]
+    assert (h.core.counters.requests_started, h.core.counters.requests_finished) == (1, 1)
+    assert not h.core.tickets and not h.core.texts
+
+
+def test_core_max_tokens_finishes_with_length() -> None:
+    h = make(ScriptedRunner(["a", "b", "c", "d"]))
+    with serving(h):
+        text, end = h.submit(req("a", max_tokens=2)).until_end()
+        wait_until(lambda: idle(h))
+    assert (text, end) == ("ab", Finished(FinishReason.LENGTH, Usage(3, 2, 0)))
+
+
+def test_core_stop_string_across_tokens_finishes_the_row_and_releases_it() -> None:
+    h = make(ScriptedRunner(["he", "llo", " wo", "rld", "!"]))
+    with serving(h):
+        other = h.submit(req("b"))
+        text, end = h.submit(req("a", stop=("o w",))).until_end()
+        wait_until(lambda: "a" not in h.runner.rows)
+        assert other.until_end() == ("hello world!", Finished(FinishReason.STOP, Usage(3, 6, 0)))
+        wait_until(lambda: idle(h))
+    assert text == "hell"
+    assert end == Finished(FinishReason.STOP, Usage(3, 3, 0), "o w")
+    # The stopped row is released on the next step: it never decodes a fourth token.
+    assert sorted(h.runner.steps_taken) == [3, 6]
+
+
+def test_core_held_back_partial_stop_is_flushed_when_the_row_ends() -> None:
+    h = make(ScriptedRunner(["a", "</", "en"]))
+    with serving(h):
+        text, end = h.submit(req("a", max_tokens=3, stop=("</end>",))).until_end()
+    assert (text, end) == ("a</en", Finished(FinishReason.LENGTH, Usage(3, 3, 0)))
+
+
+def test_core_reaps_an_aborted_ticket_and_serves_the_next() -> None:
+    h = make(ScriptedRunner(["x"] * 100_000, step_s=0.001))
+    with serving(h):
+        first = h.submit(req("a", max_tokens=100_000))
+        assert first.next() == TextDelta("x", (1,))
+        first.ticket.aborted.set()
+        wait_until(lambda: idle(h) and h.core.counters.requests_aborted == 1)
+        text, end = h.submit(req("b", max_tokens=2)).until_end()
+    assert (text, end) == ("xx", Finished(FinishReason.LENGTH, Usage(3, 2, 0)))
+    while not first.events.empty():
+        assert isinstance(first.events.get(), TextDelta)  # no Finished for an aborted ticket
+    assert h.runner.steps_taken[0] >= 1 and h.core.counters.requests_finished == 1
+
+
+def test_core_drops_a_ticket_aborted_before_it_is_accepted() -> None:
+    h = make(ScriptedRunner(["x"]))
+    early = h.submit(req("a"))
+    early.ticket.aborted.set()
+    with serving(h):
+        assert h.submit(req("b")).until_end()[0] == "x"
+    assert early.events.empty()
+    assert h.core.counters.requests_aborted == 1 and h.core.counters.requests_started == 1
+
+
+def test_core_queue_full_is_told_to_the_ticket() -> None:
+    h = make(ScriptedRunner(["x"]), max_running=1, max_waiting=2)
+    clients = [h.submit(req(name)) for name in ("a", "b", "c")]
+    with serving(h):
+        error = clients[2].next()
+        assert [c.until_end()[0] for c in clients[:2]] == ["x", "x"]
+    assert isinstance(error, QueueFull) and error.status == 429
+
+
+def test_core_runner_fault_fails_every_in_flight_ticket_and_serves_the_next() -> None:
+    h = make(ScriptedRunner(["a", "b", "c", "d"], fail_after=2))
+    clients = [h.submit(req(name)) for name in ("a", "b")]
+    with serving(h):
+        ends = [c.until_end() for c in clients]
+        wait_until(lambda: idle(h))
+        h.runner.fail_after = None
+        text, end = h.submit(req("c")).until_end()
+    for partial, error in ends:
+        assert partial == "ab"
+        assert isinstance(error, EngineFailed) and error.status == 500
+        assert error.message == "generation failed: RuntimeError: simulated engine fault"
+    assert h.core.counters.requests_failed == 2
+    assert (text, end) == ("abcd", Finished(FinishReason.STOP, Usage(3, 5, 0)))
