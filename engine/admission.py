@@ -36,11 +36,10 @@ GPU_MEMORY_FRACTION = 0.9
 CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 KV_ALLOC_STEP = 256  # mlx_lm.models.cache.KVCache.step
 PROBE_TOKENS = 4
-# Transient of one step (see _transient): float32 logits and attention scores (the portable
-# SDPA path materializes heads × chunk × context scores), hidden-sized and FFN-sized
-# activations alive at once, all times a margin for what the estimate leaves out.
+# Transient of one step (see _transient): float32 logits; attention scores in the activation
+# dtype (MLX's portable SDPA materializes heads × chunk × context of them: measured on the CPU);
+# hidden- and FFN-sized activations alive at once; all times a margin for what is left out.
 LOGIT_BYTES = 4
-SCORE_BYTES = 4
 HIDDEN_COPIES = 6
 FFN_COPIES = 3
 TRANSIENT_MARGIN = 1.25
@@ -157,31 +156,38 @@ def admit(plan: MemoryPlan, prompt_tokens: int, max_tokens: int) -> Admission:
 
 
 def plan_memory(model: Any, *, budget_bytes: int | None, prefill_step_size: int,
-                max_context: int | None, max_running: int = 1) -> MemoryPlan:
-    """Measure the loaded model and decide the KV capacity and context limit, or refuse."""
+                max_context: int | None, max_running: int = 1, chunk_logits: bool = True) -> MemoryPlan:
+    """Measure the loaded model and decide the KV capacity and context limit, or refuse.
+
+    `chunk_logits` charges a whole prefill chunk's logits. The runner never evaluates them
+    (only the cache state of a chunk is evaluated, so MLX skips the LM head); the default stays
+    conservative for a runner that would (prompt logprobs, sampling from a chunk's last row).
+    """
     budget = MemoryBudget(budget_bytes, "--memory-budget") if budget_bytes is not None else default_budget()
     probe = _probe(model)
     kv, shape = probe.kv, probe.shape
     weights = weights_bytes(model)
     fixed = weights + max_running * (kv.per_sequence + kv.step_slack)
 
+    def transient(context: int) -> int:
+        return _transient(shape, kv, min(prefill_step_size, max(context, 1)), context, max_running,
+                          chunk_logits)
+
     def capacity(context: int) -> int:
-        free = budget.nbytes - fixed - _transient(shape, kv, prefill_step_size, context, max_running)
-        return _kv_capacity(free, kv, max_running)
+        return _kv_capacity(budget.nbytes - fixed - transient(context), kv, max_running)
 
     caps = [c for c in (shape.max_context, max_context) if c]
     hi = min(caps) if caps else capacity(1)
     context = _largest(lambda n: capacity(n) >= n, hi)
-    transient = _transient(shape, kv, prefill_step_size, context, max_running)
     if context < MIN_CONTEXT_TOKENS:
         raise InsufficientMemory(
             f"the memory budget of {_fmt(budget.nbytes)} ({budget.source}) cannot serve this model: "
             f"weights take {_fmt(weights)}, a {prefill_step_size}-token prefill step "
-            f"{_fmt(transient)}, and KV {_fmt(kv.per_token + kv.window_per_token)} per token plus "
+            f"{_fmt(transient(context))}, and KV {_fmt(kv.per_token + kv.window_per_token)} per token plus "
             f"{_fmt(kv.per_sequence + kv.step_slack)} per sequence × {max_running}; that leaves room for "
             f"{context} tokens of context. Raise --memory-budget, lower --prefill-step-size or "
             "--decode-concurrency, or use a smaller or quantized model.")
-    return MemoryPlan(budget, weights, kv, shape, prefill_step_size, max_running, transient,
+    return MemoryPlan(budget, weights, kv, shape, prefill_step_size, max_running, transient(context),
                       capacity(context), context)
 
 
@@ -197,13 +203,12 @@ def _kv_capacity(free: int, kv: KvCost, rows: int) -> int:
     return max(counted, after_windows // kv.per_token if kv.per_token else UNBOUNDED_TOKENS)
 
 
-def _transient(shape: ModelShape, kv: KvCost, step: int, context: int, rows: int) -> int:
+def _transient(shape: ModelShape, kv: KvCost, chunk: int, context: int, rows: int, chunk_logits: bool) -> int:
     """Peak scratch of one step: a prefill chunk (its logits, activations, one layer's attention
     scores, a sliding window's overshoot by one chunk) plus the decode rows' logits and sampling."""
-    chunk = min(step, max(context, 1))
-    logits = (chunk + 2 * rows) * shape.vocab * LOGIT_BYTES
+    logits = (chunk * chunk_logits + 2 * rows) * shape.vocab * LOGIT_BYTES
     acts = chunk * (HIDDEN_COPIES * shape.hidden + FFN_COPIES * shape.intermediate) * shape.act_bytes
-    scores = shape.heads * chunk * context * SCORE_BYTES
+    scores = shape.heads * chunk * context * shape.act_bytes
     return math.ceil(TRANSIENT_MARGIN * (logits + acts + scores + chunk * kv.window_per_token))
 
 
@@ -221,9 +226,7 @@ def _largest(fits: Callable[[int], bool], hi: int) -> int:
 
 def weights_bytes(model: Any) -> int:
     """Bytes of every parameter as stored (quantized weights count their packed size)."""
-    from mlx.utils import tree_flatten
-
-    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    return sum(a.nbytes for a in _arrays(model.parameters()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,9 +240,10 @@ def _probe(model: Any) -> Probe:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
+    # Never evaluated: MLX knows the shapes and dtypes of the lazy graph, so the probe costs no
+    # forward pass (and no memory) even for a large model on a CPU.
     cache = make_prompt_cache(model)
     logits = model(mx.arange(PROBE_TOKENS)[None], cache=cache)
-    mx.eval(logits)
     kv = sum((_layer_cost(c) for c in cache), KvCost())
     return Probe(kv, _shape(model, logits.shape[-1], logits.dtype.size))
 
@@ -262,15 +266,19 @@ def _layer_cost(c: Any) -> KvCost:
 def _bytes_per_slot(x: Any) -> int:
     # Keys/values are (batch=1, heads, slots, dim), or a tuple of such for quantized caches;
     # dividing by the allocated slots skips the 256-slot preallocation.
-    from mlx.utils import tree_flatten
-
-    return sum(a.nbytes // a.shape[-2] for _, a in tree_flatten(x) if hasattr(a, "nbytes") and a.ndim >= 2)
+    return sum(a.nbytes // a.shape[-2] for a in _arrays(x) if a.ndim >= 2)
 
 
 def _nbytes(x: Any) -> int:
+    return sum(a.nbytes for a in _arrays(x))
+
+
+def _arrays(tree: Any) -> list[Any]:
+    import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    return sum(a.nbytes for _, a in tree_flatten(x) if hasattr(a, "nbytes"))
+    flat: list[tuple[str, Any]] = tree_flatten(tree, destination=[])  # type: ignore[assignment]
+    return [a for _, a in flat if isinstance(a, mx.array)]
 
 
 def _shape(model: Any, vocab: int, act_bytes: int) -> ModelShape:

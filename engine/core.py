@@ -133,6 +133,7 @@ class Core:
         self.texts[seq_id] = RowText(self.tokenizer.detokenizer, StopMatcher(seq.request.stop))
         self.counters.requests_started += 1
         self.counters.prompt_tokens += seq.prompt_len
+        self.counters.prefill_tokens += seq.prompt_len - seq.num_cached
 
     def _deliver(self, u: TokenUpdate) -> None:
         ticket, text = self.tickets.get(u.seq_id), self.texts.get(u.seq_id)

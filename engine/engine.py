@@ -11,7 +11,7 @@ import enum
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -31,53 +31,69 @@ class EngineState(enum.Enum):
 
 
 class RequestStream:
-    """The consumer's end of one request: `await next()` until a Finished event."""
+    """The consumer's end of one API call: its n choices' events, tagged with the choice index.
 
-    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop,
-                 on_cancel: Callable[[], None] | None = None) -> None:
-        self._events: asyncio.Queue[Event | ServeError | object] = asyncio.Queue()
+    `await next()` gives `(index, event)` until every choice has finished, then None; it
+    raises the engine's error for the call. `cancel()` stops every choice at the next step.
+    """
+
+    def __init__(self, requests: Sequence[Request], loop: asyncio.AbstractEventLoop,
+                 on_cancel: Callable[[str], None] | None = None) -> None:
+        self._events: asyncio.Queue[tuple[int, Event | ServeError] | object] = asyncio.Queue()
         put = self._events.put_nowait
-        self.ticket = Ticket(request, lambda ev: loop.call_soon_threadsafe(put, ev))
-        self.request = request
-        self.done = False
+        self.tickets = [Ticket(r, self._emitter(loop, put, i)) for i, r in enumerate(requests)]
+        self.index_of = {r.id: i for i, r in enumerate(requests)}
+        self._open = set(range(len(requests)))
         self._on_cancel = on_cancel
+        self.done = False
 
-    def push(self, ev: Event | ServeError) -> None:
+    @staticmethod
+    def _emitter(loop: asyncio.AbstractEventLoop, put: Callable[[Any], None], i: int
+                 ) -> Callable[[Event | ServeError], None]:
+        return lambda ev: loop.call_soon_threadsafe(put, (i, ev))
+
+    @property
+    def request(self) -> Request:
+        return self.tickets[0].request
+
+    def push(self, request_id: str, ev: Event | ServeError) -> None:
         """Deliver an event from the loop's own thread."""
-        self._events.put_nowait(ev)
+        i = self.index_of[request_id]
+        self._events.put_nowait((i, ev))
         if isinstance(ev, (Finished, ServeError)):
-            self.ticket.aborted.set()  # nothing more will come: a later cancel sends nothing
+            self.tickets[i].aborted.set()  # nothing more will come: a later cancel sends nothing
 
-    async def next(self) -> Event | None:
-        """The next event; None once cancelled. Raises the engine's error for this request."""
-        ev: Any = await self._events.get()
-        if ev is CANCELLED:
+    async def next(self) -> tuple[int, Event] | None:
+        if self.done:
+            return None
+        item: Any = await self._events.get()
+        if item is CANCELLED:
             self.done = True
             return None
+        i, ev = item
         if isinstance(ev, ServeError):
             self.done = True
+            self.cancel_open()
             raise ev
-        self.done = isinstance(ev, Finished)
-        return ev
+        if isinstance(ev, Finished):
+            self._open.discard(i)
+            self.done = not self._open
+        return i, ev
 
     def cancel(self) -> None:
         """The client left: stop generation at the next step and wake the consumer."""
-        if self.done:
-            return
-        self._events.put_nowait(CANCELLED)
-        if not self.ticket.aborted.is_set():
-            self.ticket.aborted.set()
-            if self._on_cancel is not None:
-                self._on_cancel()
+        if not self.done:
+            self._events.put_nowait(CANCELLED)
+        self.cancel_open()
 
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        try:
-            while (ev := await self.next()) is not None:
-                yield ev
-                if isinstance(ev, Finished):
-                    return
-        finally:
-            self.cancel()
+    def cancel_open(self) -> None:
+        for i in self._open:
+            ticket = self.tickets[i]
+            if not ticket.aborted.is_set():
+                ticket.aborted.set()
+                if self._on_cancel is not None:
+                    self._on_cancel(ticket.request.id)
+        self._open.clear()
 
 
 class Engine:
@@ -116,12 +132,13 @@ class Engine:
     async def stats(self) -> dict[str, Any]:
         return {"restarts": 0, **asdict(self.counters)}
 
-    def submit(self, request: Request) -> RequestStream:
-        """Queue a request; refusals (not ready, …) raise here, before any response starts."""
+    def submit(self, requests: Sequence[Request]) -> RequestStream:
+        """Queue a call's requests; refusals (not ready, …) raise here, before any response."""
         if not self.ready:
             raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
-        stream = RequestStream(request, asyncio.get_running_loop())
-        self._inbox.put(stream.ticket)
+        stream = RequestStream(requests, asyncio.get_running_loop())
+        for ticket in stream.tickets:
+            self._inbox.put(ticket)
         return stream
 
     def _main(self) -> None:

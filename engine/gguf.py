@@ -26,7 +26,14 @@ import numpy as np
 
 from engine.gguf_arch import Architecture, architecture_for, model_config
 from engine.gguf_reader import GGUFFile, read_gguf
-from engine.gguf_tensors import GROUP_SIZE, QuantizedTensor, Tensor, load_tensor, map_rows, unpermute_rope_rows
+from engine.gguf_tensors import (
+    GROUP_SIZE,
+    QuantizedTensor,
+    Tensor,
+    load_tensor,
+    map_rows,
+    unpermute_rope_rows,
+)
 from engine.gguf_tokenizer import eos_token_ids, write_tokenizer
 
 # Bump whenever the folder's contents would change for the same GGUF file.
@@ -37,9 +44,7 @@ SHARD_BYTES = 1 << 30
 Progress = Callable[[str], None]
 
 
-def convert_gguf(
-    path: str | Path, cache_root: Path | None = None, progress: Progress | None = None
-) -> Path:
+def convert_gguf(path: str | Path, cache_root: Path | None = None, progress: Progress | None = None) -> Path:
     """Convert a GGUF file into a folder that mlx_lm.utils.load() can load, and return it.
 
     Cached under cache_root (default: $MLX_SERVE_CACHE or ~/.cache/mlx-serve)/gguf/<key>; a
@@ -53,11 +58,12 @@ def convert_gguf(
     notify = progress or _ignore
     notify(f"converting {source.name} to MLX in {folder}")
     gguf = read_gguf(source)
-    arch = architecture_for(gguf)
+    arch, config = _checked_architecture(gguf)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the cache is as readable as any download
     try:
-        _write_model(gguf, arch, staging, notify)
+        _write_model(gguf, arch, config, staging, notify)
         _publish(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -78,6 +84,20 @@ def _ignore(message: str) -> None:
     pass
 
 
+def _checked_architecture(gguf: GGUFFile) -> tuple[Architecture, dict[str, Any]]:
+    """The architecture and config.json of a file; fails before any slow work when the file
+    holds something this converter cannot read whole."""
+    if int(gguf.metadata.get("split.count", 1)) > 1:
+        raise ValueError(
+            f"{gguf.path.name} is one part of a split GGUF; merge it with llama-gguf-split first"
+        )
+    arch = architecture_for(gguf)
+    config = model_config(gguf)
+    for name in gguf.tensors:
+        arch.mlx_name(name)
+    return arch, config
+
+
 def _publish(staging: Path, folder: Path) -> None:
     try:
         staging.rename(folder)
@@ -87,8 +107,9 @@ def _publish(staging: Path, folder: Path) -> None:
             raise
 
 
-def _write_model(gguf: GGUFFile, arch: Architecture, folder: Path, notify: Progress) -> None:
-    config = model_config(gguf)
+def _write_model(
+    gguf: GGUFFile, arch: Architecture, config: dict[str, Any], folder: Path, notify: Progress
+) -> None:
     vocab = write_tokenizer(gguf, folder, config["max_position_embeddings"])
     notify(f"tokenizer written ({len(vocab.tokens)} tokens)")
     eos = eos_token_ids(vocab)
@@ -135,7 +156,9 @@ class _ShardWriter:
         if len(self.files) == 1:
             self.files[0].rename(self.folder / "model.safetensors")
             return
-        renames = {p.name: f"model-{i:05d}-of-{len(self.files):05d}.safetensors" for i, p in enumerate(self.files, 1)}
+        renames = {
+            p.name: f"model-{i:05d}-of-{len(self.files):05d}.safetensors" for i, p in enumerate(self.files, 1)
+        }
         for old, new in renames.items():
             (self.folder / old).rename(self.folder / new)
         index = {"metadata": {}, "weight_map": {k: renames[v] for k, v in self.weight_map.items()}}
@@ -164,7 +187,9 @@ def _write_weights(
     return bits
 
 
-def _converted_tensors(gguf: GGUFFile, arch: Architecture, config: dict[str, Any]) -> Iterator[tuple[str, Tensor]]:
+def _converted_tensors(
+    gguf: GGUFFile, arch: Architecture, config: dict[str, Any]
+) -> Iterator[tuple[str, Tensor]]:
     """(mlx-lm name, tensor) for each GGUF tensor, with the architecture's fix-ups applied."""
     rope_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     for gguf_name in gguf.tensors:

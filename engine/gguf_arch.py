@@ -82,9 +82,7 @@ def architecture_for(gguf: GGUFFile) -> Architecture:
             return Architecture("llama", _LLAMA_LAYER_NAMES, unpermute_qk=True, norm_offset=0.0)
         case "gemma3":
             return Architecture("gemma3", _GEMMA3_LAYER_NAMES, unpermute_qk=False, norm_offset=1.0)
-    raise ValueError(
-        f"GGUF architecture {gguf.architecture!r} is not supported (supported: llama, gemma3)"
-    )
+    raise ValueError(f"GGUF architecture {gguf.architecture!r} is not supported (supported: llama, gemma3)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,4 +142,3 @@ def _tensor_info(cursor: _Cursor) -> TensorInfo:
     offset = cursor.unpack("<Q")
     # ggml lists the fastest-moving dimension first; numpy wants it last
     return TensorInfo(name, tuple(reversed(dims)), ggml_type, offset)
-

@@ -19,6 +19,7 @@ from engine.gguf_reader import GGUFFile
 
 GROUP_SIZE = 32  # every block type kept quantized here holds 32 weights per block
 
+
 @dataclass(frozen=True, slots=True)
 class QuantizedTensor:
     """An MLX affine-quantized matrix: uint32-packed `weight`, float32 `scales` and `biases`."""

@@ -81,7 +81,9 @@ def read_vocab(gguf: GGUFFile) -> GGUFVocab:
         eos_id=_int_key(md, "eos_token_id"),
         unk_id=_int_key(md, "unknown_token_id"),
         pad_id=_int_key(md, "padding_token_id"),
-        extra_eos_ids=tuple(i for k in ("eot_token_id", "eom_token_id") if (i := _int_key(md, k)) is not None),
+        extra_eos_ids=tuple(
+            i for k in ("eot_token_id", "eom_token_id") if (i := _int_key(md, k)) is not None
+        ),
         # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise
         add_bos=bool(md.get("tokenizer.ggml.add_bos_token", model == "llama")),
         add_eos=bool(md.get("tokenizer.ggml.add_eos_token", False)),
@@ -149,7 +151,11 @@ def write_tokenizer(gguf: GGUFFile, folder: Path, max_length: int) -> GGUFVocab:
 @cache
 def _byte_alphabet() -> dict[int, str]:  # computed once, never mutated
     """GPT-2's byte -> printable character table."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {b: chr(b) for b in printable}
     extra = (b for b in range(256) if b not in table)
     table.update({b: chr(256 + n) for n, b in enumerate(extra)})
@@ -194,7 +200,9 @@ def _byte_level_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     if pre in _LLAMA3_PRE:
         split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
-        return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        return pre_tokenizers.Sequence(
+            [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
     if pre not in _GPT2_PRE:
         logger.warning("GGUF pre-tokenizer %r is not known; using GPT-2's split", pre)
     return byte_level
@@ -214,21 +222,21 @@ def _sentencepiece_tokenizer(vocab: GGUFVocab, *, order_ranked: bool) -> Tokeniz
     model = BPE(ids, _rebuild_merges(ids, ranks), unk_token=unk, fuse_unk=True, byte_fallback=True)
     tokenizer = Tokenizer(model)
     if vocab.add_space_prefix:
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE_SPACE, prepend_scheme="first", split=False)
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement=SPIECE_SPACE, prepend_scheme="first", split=False
+        )
     else:
         tokenizer.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
-        # a no-op after the normalizer, kept because Gemma's own tokenizer.json has it
+        # a no-op after the normalizer; kept to match transformers' GemmaTokenizer
         tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
     tokenizer.decoder = _spm_decoder(strip_prefix=vocab.add_space_prefix)
     return tokenizer
 
 
 def _spm_spelling(token: str) -> str:
-    """llama.cpp's Gemma files keep whitespace-only tokens as real spaces; the model's
-    normalizer turns spaces into ▁ first, so the vocabulary must say ▁ too."""
-    if token and not token.strip(" ") and " " in token:
-        return SPIECE_SPACE * len(token)
-    return token
+    """The normalizer turns every space into ▁ before the model sees text, but llama.cpp's Gemma
+    files keep whitespace tokens with real spaces: spell them the way they will be looked up."""
+    return token.replace(" ", SPIECE_SPACE)
 
 
 def _rebuild_merges(ids: dict[str, int], ranks: dict[str, float]) -> list[tuple[str, str]]:
@@ -276,7 +284,9 @@ def _post_processor(vocab: GGUFVocab) -> Any:
         return ByteLevelProcessor(trim_offsets=False) if vocab.model == "gpt2" else None
     single = _template("$A", 0, bos, eos)
     pair = single + _template("$B", 1, bos, eos)
-    specials = [(t, i) for t, i in ((bos, vocab.bos_id), (eos, vocab.eos_id)) if t is not None and i is not None]
+    specials = [
+        (t, i) for t, i in ((bos, vocab.bos_id), (eos, vocab.eos_id)) if t is not None and i is not None
+    ]
     return TemplateProcessing(single=single, pair=pair, special_tokens=specials)
 
 

@@ -15,7 +15,7 @@ import multiprocessing as mp
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -136,14 +136,15 @@ class ProcessEngine:
         if self.state is not EngineState.READY:
             raise EngineUnavailable(f"engine is {self.state.value}: {self.error}")
 
-    def submit(self, request: Request) -> RequestStream:
+    def submit(self, requests: Sequence[Request]) -> RequestStream:
         child = self._child
         if not self.ready or child is None:
             raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
-        stream = RequestStream(request, asyncio.get_running_loop(),
-                               on_cancel=lambda: self._send(child, Abort(request.id)))
-        child.streams[request.id] = stream
-        self._send(child, Submit(request))
+        stream = RequestStream(requests, asyncio.get_running_loop(),
+                               on_cancel=lambda rid: self._send(child, Abort(rid)))
+        for request in requests:
+            child.streams[request.id] = stream
+            self._send(child, Submit(request))
         return stream
 
     async def stats(self) -> dict[str, Any]:
@@ -185,7 +186,7 @@ class ProcessEngine:
             for request_id, ev in message.items:
                 stream = child.streams.get(request_id)
                 if stream is not None:
-                    stream.push(ev)
+                    stream.push(request_id, ev)
                     if isinstance(ev, (Finished, ServeError)):
                         child.streams.pop(request_id, None)
         elif isinstance(message, Stats):
@@ -199,8 +200,9 @@ class ProcessEngine:
             self.state, self.error = EngineState.FAILED, message.error
 
     def _on_death(self, child: _Child, exitcode: int | None) -> None:
-        for stream in child.streams.values():
-            stream.push(EngineFailed(f"the engine process died (exit code {exitcode}); it is restarting"))
+        for request_id, stream in child.streams.items():
+            stream.push(request_id, EngineFailed(f"the engine process died (exit code {exitcode}); "
+                                                 "it is restarting"))
         child.streams.clear()
         if self._stopping or child is not self._child or self.state is EngineState.FAILED:
             return

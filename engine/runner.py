@@ -61,6 +61,8 @@ class BatchRunner:
                 tokens = list(self._requests[chunk.seq_id].prompt_tokens[chunk.start:chunk.end])
                 batch = self._prompts[chunk.seq_id]
                 if chunk.final:
+                    if self._requests[chunk.seq_id].share_prompt:
+                        tokens = self._leave_prompt(batch, tokens)
                     self._gen.extend(batch.generate([tokens]))
                     del self._prompts[chunk.seq_id]
                 else:
@@ -68,6 +70,14 @@ class BatchRunner:
             if len(self._gen) == 0:
                 return StepOutput({})
             return StepOutput({self._seq_of[r.uid]: r.token for r in self._gen.next()})
+
+    def _leave_prompt(self, batch: PromptProcessingBatch, tokens: list[int]) -> list[int]:
+        """Prefill all but the last prompt token and leave that KV for the sibling choices."""
+        if len(tokens) > 1:
+            batch.prompt([tokens[:-1]])
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(list(batch.tokens[0]), batch.extract_cache(0))
+        return tokens[-1:]
 
     def _release(self, seq_ids: tuple[str, ...]) -> None:
         gone = {self._uid_of.pop(s) for s in seq_ids if s in self._uid_of}

@@ -196,7 +196,8 @@ class Scheduler:
         admitted = []
         cfg = self.config
         while self.waiting and len(self.prefilling) < cfg.max_prefilling \
-                and self.num_active < cfg.max_running and self._fits(self.waiting[0]):
+                and self.num_active < cfg.max_running and self._fits(self.waiting[0]) \
+                and not self._leader_prefilling(self.waiting[0]):
             seq = self.waiting.popleft()
             seq.state = SeqState.PREFILLING
             seq.num_cached = seq.num_computed = min(self.cached_prefix(seq.request), seq.prompt_len - 1)
@@ -204,6 +205,10 @@ class Scheduler:
             self.prefilling.append(seq)
             admitted.append(seq.id)
         return tuple(admitted)
+
+    def _leader_prefilling(self, seq: Sequence) -> bool:
+        leader = self._by_id.get(seq.request.after) if seq.request.after else None
+        return leader is not None and leader.state in (SeqState.WAITING, SeqState.PREFILLING)
 
     def _fits(self, seq: Sequence) -> bool:
         cap = self.config.kv_capacity_tokens

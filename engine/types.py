@@ -37,6 +37,10 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
+    # n > 1: the first choice leaves its prompt KV in the prefix cache for the others,
+    # which wait (`after`) until it is decoding, so one prefill serves them all.
+    share_prompt: bool = False
+    after: str | None = None
 
 
 class FinishReason(enum.Enum):
@@ -112,4 +116,5 @@ class Counters:
     requests_aborted: int = 0
     requests_failed: int = 0
     prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually computed (the rest came from the prefix cache)
     generated_tokens: int = 0

@@ -13,7 +13,7 @@ import orjson
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from engine.errors import InvalidRequest, ServeError
-from engine.types import Finished, TextDelta
+from engine.types import Delta, Finished, TextDelta
 from protocols import openai_common as common
 from server.types import Job, ProtocolContext, Result
 
@@ -200,30 +200,38 @@ def _arguments(raw: str | dict[str, Any], path: str) -> Any:
                              param=f"{path}.function.arguments") from exc
 
 
-def _choice(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def _choice(delta: dict[str, Any], finish_reason: str | None = None, index: int = 0) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
 class ChatStream(common.ChunkStream):
     """chat.completion.chunk frames: a role primer, content deltas, a finish chunk."""
 
     def start(self) -> bytes:
-        return self.frame(_choice({"role": "assistant", "content": ""}))
+        return b"".join(self.frame(_choice({"role": "assistant", "content": ""}, index=i))
+                        for i in range(self._n))
 
-    def delta(self, event: TextDelta) -> bytes:
-        return self.frame(_choice({"content": event.text})) if event.text else b""
+    def delta(self, event: Delta, index: int = 0) -> bytes:
+        if not isinstance(event, TextDelta) or not event.text:
+            return b""
+        return self.frame(_choice({"content": event.text}, index=index))
 
-    def finish(self, event: Finished) -> bytes:
-        return self.closing(_choice({}, event.reason.value), event.usage)
+    def finish(self, event: Finished, index: int = 0) -> bytes:
+        return self.closing(_choice({}, event.reason.value, index), event.usage)
 
 
-def completion_json(job: Job, result: Result, ctx: ProtocolContext) -> dict[str, Any]:
+def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> dict[str, Any]:
+    choices = [_message_choice(i, r) for i, r in enumerate(results)]
+    usage = common.combined_usage([r.usage for r in results])
+    return {**common.response_head(job, ctx, OBJECT), "choices": choices,
+            "usage": common.usage_json(usage)}
+
+
+def _message_choice(index: int, result: Result) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.text, "refusal": None,
                                "annotations": []}
-    choice = {"index": 0, "message": message, "logprobs": None,
-              "finish_reason": result.finish_reason.value}
-    return {**common.response_head(job, ctx, OBJECT), "choices": [choice],
-            "usage": common.usage_json(result.usage)}
+    return {"index": index, "message": message, "logprobs": None,
+            "finish_reason": result.finish_reason.value}
 
 
 class OpenAIChat:
@@ -233,10 +241,10 @@ class OpenAIChat:
         return parse_body(body, ctx)
 
     def renderer(self, job: Job, ctx: ProtocolContext) -> ChatStream:
-        return ChatStream(common.response_head(job, ctx, CHUNK_OBJECT), job.include_usage)
+        return ChatStream(common.response_head(job, ctx, CHUNK_OBJECT), job.include_usage, job.n)
 
-    def to_json(self, job: Job, result: Result, ctx: ProtocolContext) -> bytes:
-        return orjson.dumps(completion_json(job, result, ctx))
+    def to_json(self, job: Job, results: list[Result], ctx: ProtocolContext) -> bytes:
+        return orjson.dumps(completion_json(job, results, ctx))
 
     def error_body(self, exc: ServeError) -> bytes:
         return common.error_body(exc)

@@ -29,6 +29,7 @@ from engine.types import Request, SamplingParams, Usage
 from server.types import Job, ProtocolContext
 
 DONE = b"data: [DONE]\n\n"
+MAX_CHOICES = 16
 HEARTBEAT = b": keep-alive\n\n"
 MAX_STOP_STRINGS = 16
 
@@ -75,8 +76,8 @@ class OpenAIFields(Struct, frozen=True, kw_only=True):
     logit_bias: dict[str, Bias] | None = None
     stop: StopString | StopList | None = None
     seed: int | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
     # Fields that would change the answer; refused until supported.
-    n: PositiveInt | None = None
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
@@ -114,8 +115,6 @@ def unsupported(param: str, what: str | None = None) -> InvalidRequest:
 
 def check_supported(fields: OpenAIFields) -> None:
     """Refuse fields we accept in the schema but cannot honour yet."""
-    if fields.n is not None and fields.n > 1:
-        raise unsupported("n", "`n` > 1")
     if fields.logprobs is True or type(fields.logprobs) is int:
         raise unsupported("logprobs")
     if fields.top_logprobs is not None and fields.top_logprobs > 0:
@@ -208,7 +207,7 @@ def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolConte
         stop=stop_strings(fields.stop),
     )
     return Job(request, stream=bool(fields.stream), include_usage=include_usage(fields),
-               model=fields.model or ctx.model_id)
+               model=fields.model or ctx.model_id, n=fields.n or 1)
 
 
 # --- responses -------------------------------------------------------------------------------
@@ -267,16 +266,25 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+def combined_usage(usages: list[Usage]) -> Usage:
+    """One call's usage over its choices: the prompt counted once, completions summed."""
+    first = usages[0]
+    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), first.cached_tokens)
+
+
 class ChunkStream:
     """SSE framing shared by both formats; subclasses shape each choice.
 
     With `include_usage` every chunk carries `"usage": null` and a last chunk with no choices
-    carries the usage, as OpenAI sends them.
+    carries the usage, as OpenAI sends them. With n choices, the usage chunk and the
+    terminator follow the last choice's finish chunk.
     """
 
-    def __init__(self, head: dict[str, Any], include_usage: bool) -> None:
+    def __init__(self, head: dict[str, Any], include_usage: bool, n: int = 1) -> None:
         self._head = head
         self._include_usage = include_usage
+        self._n = n
+        self._usages: list[Usage] = []
 
     def frame(self, choice: dict[str, Any]) -> bytes:
         chunk = {**self._head, "choices": [choice]}
@@ -285,10 +293,13 @@ class ChunkStream:
         return sse(chunk)
 
     def closing(self, choice: dict[str, Any], usage: Usage) -> bytes:
-        """The finishing chunk, the usage chunk when asked for, then the terminator."""
+        """A choice's finishing chunk; after the last choice, the usage chunk and terminator."""
         out = self.frame(choice)
+        self._usages.append(usage)
+        if len(self._usages) < self._n:
+            return out
         if self._include_usage:
-            out += sse({**self._head, "choices": [], "usage": usage_json(usage)})
+            out += sse({**self._head, "choices": [], "usage": usage_json(combined_usage(self._usages))})
         return out + DONE
 
     def error(self, exc: ServeError) -> bytes:

@@ -12,7 +12,7 @@ import orjson
 
 from engine.errors import InvalidRequest, ServeError
 from engine.tokenizer import ChatTokenizer
-from engine.types import Finished, TextDelta
+from engine.types import Delta, Finished, TextDelta
 from protocols import openai_common as common
 from server.types import Job, ProtocolContext, Result
 
@@ -88,8 +88,8 @@ def _checked_ids(ids: list[int], vocab_size: int) -> list[int]:
     return ids
 
 
-def _choice(text: str, finish_reason: str | None = None) -> dict[str, Any]:
-    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+def _choice(text: str, finish_reason: str | None = None, index: int = 0) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}
 
 
 class CompletionStream(common.ChunkStream):
@@ -98,17 +98,20 @@ class CompletionStream(common.ChunkStream):
     def start(self) -> bytes:
         return b""
 
-    def delta(self, event: TextDelta) -> bytes:
-        return self.frame(_choice(event.text)) if event.text else b""
+    def delta(self, event: Delta, index: int = 0) -> bytes:
+        if not isinstance(event, TextDelta) or not event.text:
+            return b""
+        return self.frame(_choice(event.text, index=index))
 
-    def finish(self, event: Finished) -> bytes:
-        return self.closing(_choice("", event.reason.value), event.usage)
+    def finish(self, event: Finished, index: int = 0) -> bytes:
+        return self.closing(_choice("", event.reason.value, index), event.usage)
 
 
-def completion_json(job: Job, result: Result, ctx: ProtocolContext) -> dict[str, Any]:
-    choice = _choice(result.text, result.finish_reason.value)
-    return {**common.response_head(job, ctx, OBJECT), "choices": [choice],
-            "usage": common.usage_json(result.usage)}
+def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> dict[str, Any]:
+    choices = [_choice(r.text, r.finish_reason.value, i) for i, r in enumerate(results)]
+    usage = common.combined_usage([r.usage for r in results])
+    return {**common.response_head(job, ctx, OBJECT), "choices": choices,
+            "usage": common.usage_json(usage)}
 
 
 class OpenAICompletions:
@@ -118,10 +121,10 @@ class OpenAICompletions:
         return parse_body(body, ctx)
 
     def renderer(self, job: Job, ctx: ProtocolContext) -> CompletionStream:
-        return CompletionStream(common.response_head(job, ctx, OBJECT), job.include_usage)
+        return CompletionStream(common.response_head(job, ctx, OBJECT), job.include_usage, job.n)
 
-    def to_json(self, job: Job, result: Result, ctx: ProtocolContext) -> bytes:
-        return orjson.dumps(completion_json(job, result, ctx))
+    def to_json(self, job: Job, results: list[Result], ctx: ProtocolContext) -> bytes:
+        return orjson.dumps(completion_json(job, results, ctx))
 
     def error_body(self, exc: ServeError) -> bytes:
         return common.error_body(exc)

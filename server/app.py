@@ -19,9 +19,10 @@ from engine.errors import (
     ServeError,
 )
 from engine.tokenizer import ChatTokenizer
-from protocols import openai_chat, openai_completions
+from protocols import anthropic_messages, openai_chat, openai_completions, openai_responses
 from server.config import Config
-from server.types import Defaults, ProtocolContext, Receive, Scope, Send, WireFormat
+from engine.types import Request
+from server.types import Defaults, Job, ProtocolContext, Receive, Scope, Send, WireFormat
 from server.writer import collect, send_json, stream_sse
 
 log = logging.getLogger("mlx_serve.http")
@@ -37,12 +38,16 @@ class App:
         self.engine = engine
         self.created = int(time.time())
         self._ctx: ProtocolContext | None = None
+        self.responses = openai_responses.OpenAIResponses(openai_responses.ResponsesStore())
         self.routes: dict[tuple[str, str], Handler] = {
             ("GET", "/health"): self.health,
             ("GET", "/v1/models"): self.models,
             ("GET", "/stats"): self.stats,
             ("POST", "/v1/chat/completions"): self.generation(openai_chat.FORMAT),
             ("POST", "/v1/completions"): self.generation(openai_completions.FORMAT),
+            ("POST", "/v1/messages"): self.generation(anthropic_messages.FORMAT),
+            ("POST", "/v1/messages/count_tokens"): self.count_tokens,
+            ("POST", "/v1/responses"): self.generation(self.responses),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -73,11 +78,13 @@ class App:
         try:
             await handler(scope, receive, send)
         except ServeError as exc:
-            await self.error(send, OPENAI_ERRORS, exc)
+            await self.error(send, error_format(path), exc)
 
     def _fallback(self, method: str, path: str) -> Handler:
         if method == "GET" and path.startswith("/v1/models/"):
             return self.model_one
+        if method in ("GET", "DELETE") and path.startswith("/v1/responses/"):
+            return self.stored_response
         if any(p == path for _, p in self.routes):
             raise_it: ServeError = MethodNotAllowed(f"{method} is not allowed on {path}")
         else:
@@ -123,6 +130,23 @@ class App:
         body = {"state": self.engine.state.value, **await self.engine.stats()}
         await send_json(send, 200, orjson.dumps(body))
 
+    async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            body = await read_body(receive, self.config.max_body_bytes)
+            status, out = anthropic_messages.count_tokens(body, self.context())
+        except ServeError as exc:
+            await self.error(send, anthropic_messages.FORMAT, exc)
+            return
+        await send_json(send, status, out)
+
+    async def stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response_id = scope["path"].rstrip("/").removeprefix("/v1/responses/")
+        if scope["method"] == "DELETE":
+            status, body = self.responses.delete(response_id)
+        else:
+            status, body = self.responses.retrieve(response_id, scope.get("query_string", b""))
+        await send_json(send, status, body)
+
     # -- generation ---------------------------------------------------------------------
 
     def generation(self, fmt: WireFormat) -> Handler:
@@ -138,14 +162,14 @@ class App:
         body = await read_body(receive, self.config.max_body_bytes)
         ctx = self.context()
         job = fmt.parse(body, ctx)
-        stream = self.engine.submit(job.request)
+        stream = self.engine.submit(choices(job))
         if job.stream:
             renderer = fmt.renderer(job, ctx)
             await stream_sse(receive, send, stream, renderer, self.config.heartbeat_s)
             return
-        result = await collect(receive, stream)
-        if result is not None:
-            await send_json(send, 200, fmt.to_json(job, result, ctx))
+        results = await collect(receive, stream)
+        if results is not None:
+            await send_json(send, 200, fmt.to_json(job, results, ctx))
 
     def context(self) -> ProtocolContext:
         if self._ctx is None:
@@ -175,6 +199,25 @@ class App:
             await send(message)
 
         return cors_send
+
+
+def error_format(path: str) -> WireFormat:
+    """Errors outside a handler still answer in the format the client speaks."""
+    return anthropic_messages.FORMAT if path.startswith("/v1/messages") else OPENAI_ERRORS
+
+
+def choices(job: Job) -> list[Request]:
+    """One engine request per choice; with n > 1 they share one prefill of the prompt."""
+    first = job.request
+    if job.n == 1:
+        return [first]
+    leader = replace(first, id=f"{first.id}-0", share_prompt=True)
+    out = [leader]
+    for i in range(1, job.n):
+        seed = first.sampling.seed
+        sampling = replace(first.sampling, seed=None if seed is None else seed + i)
+        out.append(replace(first, id=f"{first.id}-{i}", sampling=sampling, after=leader.id))
+    return out
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:

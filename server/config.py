@@ -52,6 +52,15 @@ class Config:
     blas: str = "auto"
     engine: str = "process"
     seed: int | None = None
+    # -- deployment: TLS, keys, shutdown, request tracing (issue 6) --
+    certfile: str | None = None
+    keyfile: str | None = None
+    api_key: str | None = None
+    api_key_file: str | None = None
+    protect_health: bool = False
+    protect_metrics: bool = False
+    shutdown_timeout_s: float = 30 * SECONDS
+    trace: str | None = None
 
 
 def _parse_size(text: str) -> int:
@@ -115,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, help="global random seed")
     a("--engine", choices=("process", "thread"),
       help="run the model in a restartable child process (default) or a thread of this one")
+    # -- deployment: TLS, keys, shutdown, request tracing (issue 6) --
+    a("--certfile", help="TLS certificate (PEM); with --keyfile serves HTTPS with ALPN h2")
+    a("--keyfile", help="TLS private key (PEM) for --certfile")
+    a("--api-key", help="require this key on API routes (prefer --api-key-file or MLX_SERVE_API_KEY)")
+    a("--api-key-file", help="file with the accepted API keys, one per line")
+    a("--protect-health", action="store_true", help="require the API key on /health too")
+    a("--protect-metrics", action="store_true", help="require the API key on /metrics and /stats too")
+    a("--shutdown-timeout-s", "--shutdown-timeout", type=float, dest="shutdown_timeout_s",
+      help="on SIGTERM, seconds running streams may take to finish before they are ended (30)")
+    a("--trace", help="append per-request phase timings to this file as JSON lines")
     return p
 
 
@@ -158,3 +177,13 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
         parser.error("--max-tokens must be at least 1")
     if cfg.log_level.upper() not in LOG_LEVELS:
         parser.error(f"log level must be one of {', '.join(LOG_LEVELS)}")
+    _check_deploy(cfg, parser)
+
+
+def _check_deploy(cfg: Config, parser: argparse.ArgumentParser) -> None:
+    if (cfg.certfile is None) != (cfg.keyfile is None):
+        parser.error("--certfile and --keyfile go together")
+    if cfg.api_key == "":
+        parser.error("--api-key must not be empty")
+    if cfg.shutdown_timeout_s < 0:
+        parser.error("--shutdown-timeout-s must not be negative")

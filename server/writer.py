@@ -49,16 +49,19 @@ def watch_disconnect(receive: Receive, stream: RequestStream) -> asyncio.Task[No
     return asyncio.create_task(watch())
 
 
-async def collect(receive: Receive, stream: RequestStream) -> Result | None:
-    """Run a request to the end for a JSON answer; None if the client left first."""
+async def collect(receive: Receive, stream: RequestStream) -> list[Result] | None:
+    """Run a call to the end for a JSON answer, one Result per choice; None if the client left."""
     watcher = watch_disconnect(receive, stream)
-    acc = Accumulator()
+    accs = [Accumulator() for _ in stream.tickets]
+    results: list[Result | None] = [None] * len(accs)
     try:
-        while (ev := await stream.next()) is not None:
+        while (item := await stream.next()) is not None:
+            i, ev = item
             if isinstance(ev, Finished):
-                return acc.result(ev)
-            acc.add(ev)
-        return None
+                results[i] = accs[i].result(ev)
+            else:
+                accs[i].add(ev)
+        return [r for r in results if r is not None] if all(results) else None
     finally:
         watcher.cancel()
         stream.cancel()
@@ -110,19 +113,17 @@ async def _pump(stream: RequestStream, renderer: StreamRenderer,
     while True:
         try:
             async with asyncio.timeout(heartbeat_s):
-                ev = await stream.next()
+                item = await stream.next()
         except TimeoutError:
             await body(renderer.heartbeat())
             continue
         except ServeError as exc:
             await body(renderer.error(exc))
             return
-        if ev is None:
+        if item is None:
             return
-        if isinstance(ev, Finished):
-            await body(renderer.finish(ev))
-            return
-        await body(renderer.delta(ev))
+        i, ev = item
+        await body(renderer.finish(ev, i) if isinstance(ev, Finished) else renderer.delta(ev, i))
 
 
 class _BodySender:

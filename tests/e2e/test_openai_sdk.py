@@ -169,3 +169,23 @@ def test_second_turn_reuses_the_prefix_cache(client: openai.OpenAI, oracle: Any)
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens  # type: ignore[union-attr]
     want, _ = oracle(messages=turn2, max_tokens=16)
     assert second.choices[0].message.content == want  # reusing KV changes nothing in the answer
+
+
+def test_n_choices_share_one_prefill(client: openai.OpenAI, smollm_server: ServerProcess,
+                                     oracle: Any) -> None:
+    want, _ = oracle(messages=QUESTION, max_tokens=12)
+    before = smollm_server.stats()
+    r = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, n=3)
+    after = smollm_server.stats()
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content == want for c in r.choices)  # greedy: every choice is the oracle's
+    prompt = r.usage.prompt_tokens  # type: ignore[union-attr]
+    computed = int(after["prefill_tokens"]) - int(before["prefill_tokens"])
+    assert computed <= prompt + 2  # one prefill, plus the last prompt token of each other choice
+    streamed = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, n=2,
+                                              stream=True)
+    texts = ["", ""]
+    for chunk in streamed:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert texts == [want, want]

@@ -191,7 +191,7 @@ def test_parse_rejects_legacy_functions_and_audio(ctx: ProtocolContext, field: s
 def test_to_json_matches_openai_shape(ctx: ProtocolContext) -> None:
     job = parse(ctx, messages=[USER])
     result = Result("Hello!", FinishReason.STOP, Usage(12, 3, cached_tokens=8))
-    body = orjson.loads(FORMAT.to_json(job, result, ctx))
+    body = orjson.loads(FORMAT.to_json(job, [result], ctx))
     assert body == {
         "id": job.request.id,
         "object": "chat.completion",
@@ -219,7 +219,7 @@ def test_to_json_matches_openai_shape(ctx: ProtocolContext) -> None:
 
 def test_to_json_reports_length_finish(ctx: ProtocolContext) -> None:
     job = parse(ctx, messages=[USER], max_tokens=1)
-    body = orjson.loads(FORMAT.to_json(job, Result("", FinishReason.LENGTH, Usage(5, 1)), ctx))
+    body = orjson.loads(FORMAT.to_json(job, [Result("", FinishReason.LENGTH, Usage(5, 1))], ctx))
     sdk = ChatCompletion.model_validate(body)
     assert (sdk.choices[0].finish_reason, sdk.choices[0].message.content) == ("length", "")
 
@@ -290,3 +290,23 @@ def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Frames) 
 def test_stream_heartbeat_is_sse_comment(ctx: ProtocolContext) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
     assert renderer.heartbeat() == b": keep-alive\n\n"
+
+
+def test_n_choices_render_indexed_and_usage_combined(ctx: ProtocolContext) -> None:
+    job = parse(ctx, messages=[USER], n=2, stream=True, stream_options={"include_usage": True})
+    assert job.n == 2
+    results = [Result("a", FinishReason.STOP, Usage(7, 2, 3)), Result("bb", FinishReason.LENGTH, Usage(7, 4, 6))]
+    body = orjson.loads(FORMAT.to_json(job, results, ctx))
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert [c["message"]["content"] for c in body["choices"]] == ["a", "bb"]
+    assert body["usage"]["prompt_tokens"] == 7 and body["usage"]["completion_tokens"] == 6
+    stream = FORMAT.renderer(job, ctx)
+    first_finish = stream.finish(Finished(FinishReason.STOP, Usage(7, 2)), 0)
+    assert b"[DONE]" not in first_finish  # the other choice is still running
+    last = stream.finish(Finished(FinishReason.LENGTH, Usage(7, 4)), 1)
+    frames = [f for f in last.split(b"\n\n") if f]
+    assert frames[-1] == b"data: [DONE]"
+    usage = orjson.loads(frames[-2][6:])["usage"]
+    assert usage["completion_tokens"] == 6
+    primer = stream.start()
+    assert primer.count(b'"role":"assistant"') == 2

@@ -126,7 +126,7 @@ def test_parse_accepts_completion_fields_at_neutral_values(ctx: ProtocolContext)
 
 def test_to_json_matches_openai_shape(ctx: ProtocolContext) -> None:
     job = parse(ctx, prompt="Once")
-    body = orjson.loads(FORMAT.to_json(job, Result(" upon", FinishReason.LENGTH, Usage(4, 2)), ctx))
+    body = orjson.loads(FORMAT.to_json(job, [Result(" upon", FinishReason.LENGTH, Usage(4, 2))], ctx))
     assert body == {
         "id": job.request.id,
         "object": "text_completion",

@@ -229,3 +229,32 @@ def test_app_cors_only_when_origins_allowed() -> None:
     closed, open_ = run(go())
     assert "access-control-allow-origin" not in closed.headers
     assert open_.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_app_n_choices_json_and_stream() -> None:
+    engine, runners = fake_engine(["x", "y"])
+    body = orjson.loads(CHAT)
+    body["n"] = 3
+
+    async def go() -> tuple[Any, Any]:
+        app = await ready(started(engine))
+        whole = await call(app, "POST", "/v1/chat/completions", orjson.dumps(body))
+        streamed = await call(app, "POST", "/v1/chat/completions",
+                              orjson.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}))
+        return whole, streamed
+
+    whole, streamed = run(go())
+    choices = whole.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    assert all(c["message"]["content"] == "xy" for c in choices)
+    assert whole.json()["usage"]["completion_tokens"] == 9
+    data = streamed.sse_data()
+    assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
+    chunks = [orjson.loads(d) for d in data[:-1]]
+    text = {i: "" for i in range(3)}
+    for c in chunks:
+        for ch in c["choices"]:
+            text[ch["index"]] += ch["delta"].get("content") or ""
+    assert text == {0: "xy", 1: "xy", 2: "xy"}
+    assert sum(1 for c in chunks for ch in c["choices"] if ch["finish_reason"]) == 3
+    assert chunks[-1]["usage"]["completion_tokens"] == 9

@@ -1,0 +1,165 @@
+"""What the Anthropic and Responses formats share: conversations for chat templates, sampling,
+prompt rendering, ids and named-event SSE frames.
+
+Both formats describe a conversation as typed items; chat templates understand OpenAI-style
+message dicts, the same ones `openai_chat` renders, so one prompt costs the same tokens in
+every format.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+
+from engine.errors import InvalidRequest
+from engine.types import SamplingParams
+from server.types import ProtocolContext
+
+TEXT_SEPARATOR = "\n\n"
+
+
+def new_id(prefix: str) -> str:
+    """`msg_…`, `resp_…`, `fc_…`: the format's prefix and 32 random hex digits."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def event(name: str, payload: dict[str, Any]) -> bytes:
+    """One SSE frame with an `event:` line, as both Anthropic and the Responses API send them."""
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+def join_text(parts: list[str]) -> str:
+    # Separate blocks stay separate paragraphs (Claude Code and Codex send several per turn).
+    return TEXT_SEPARATOR.join(parts)
+
+
+def tool_call(call_id: str | None, name: str, arguments: Any) -> dict[str, Any]:
+    """An assistant tool call as chat templates index into it (arguments as a dict)."""
+    out: dict[str, Any] = {} if call_id is None else {"id": call_id}
+    out["type"] = "function"
+    out["function"] = {"name": name, "arguments": arguments}
+    return out
+
+
+def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None
+                  ) -> dict[str, Any]:
+    """A tool definition in the shape (and key order) `openai_chat` hands to templates."""
+    function: dict[str, Any] = {"name": name}
+    if description is not None:
+        function["description"] = description
+    if parameters is not None:
+        function["parameters"] = parameters
+    return {"function": function, "type": "function"}
+
+
+def parse_arguments(raw: str, param: str) -> Any:
+    """Tool-call arguments text as JSON (templates index into it); empty text is `{}`."""
+    if not raw.strip():
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"tool call arguments are not valid JSON: {exc}", param=param) from exc
+
+
+class TemplateConversation:
+    """Builds the message dicts chat templates understand, turn by turn.
+
+    Every system text lands in one leading system message (most templates reject a system turn
+    anywhere else); adjacent user or assistant turns merge into one, as Anthropic documents;
+    tool calls and reasoning join the assistant turn they belong to.
+    """
+
+    def __init__(self) -> None:
+        self._system: list[str] = []
+        self._messages: list[dict[str, Any]] = []
+        self._reasoning: list[str] = []
+
+    def system(self, text: str) -> None:
+        self._system.append(text)
+
+    def user(self, text: str) -> None:
+        last = self._last("user")
+        if last is None:
+            self._messages.append({"role": "user", "content": text})
+        else:
+            last["content"] = join_text([last["content"], text]) if last["content"] else text
+
+    def reasoning(self, text: str) -> None:
+        """Reasoning that came before the next assistant turn's text or tool calls."""
+        self._reasoning.append(text)
+
+    def assistant(self, text: str) -> None:
+        turn = self._assistant_turn()
+        turn["content"] = join_text([turn["content"], text]) if turn["content"] else text
+
+    def tool_call(self, call_id: str | None, name: str, arguments: Any) -> None:
+        self._assistant_turn().setdefault("tool_calls", []).append(
+            tool_call(call_id, name, arguments))
+
+    def tool_result(self, call_id: str | None, text: str) -> None:
+        message: dict[str, Any] = {"role": "tool", "content": text}
+        if call_id is not None:
+            message["tool_call_id"] = call_id
+        self._messages.append(message)
+
+    @property
+    def ends_with_assistant(self) -> bool:
+        return bool(self._messages) and self._messages[-1]["role"] == "assistant"
+
+    def messages(self) -> list[dict[str, Any]]:
+        head = [{"role": "system", "content": join_text(self._system)}] if self._system else []
+        return head + self._messages
+
+    def _last(self, role: str) -> dict[str, Any] | None:
+        last = self._messages[-1] if self._messages else None
+        return last if last is not None and last["role"] == role else None
+
+    def _assistant_turn(self) -> dict[str, Any]:
+        turn = self._last("assistant")
+        if turn is None:
+            turn = {"role": "assistant", "content": ""}
+            self._messages.append(turn)
+        if self._reasoning:
+            thought = join_text(self._reasoning)
+            old = turn.get("reasoning_content")
+            turn["reasoning_content"] = join_text([old, thought]) if old else thought
+            self._reasoning = []
+        return turn
+
+
+def render_prompt(ctx: ProtocolContext, messages: list[dict[str, Any]],
+                  tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any],
+                  param: str) -> list[int]:
+    """Prompt token ids through the model's chat template; its complaints are 400s."""
+    kwargs = {**(ctx.defaults.chat_template_args or {}), **template_kwargs}
+    try:
+        ids = ctx.tokenizer.render_chat(messages, tools, kwargs)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param=param) from exc
+    if not ids:
+        raise InvalidRequest("the chat template rendered an empty prompt", param=param)
+    return ids
+
+
+def thinking_kwargs(enabled: bool | None) -> dict[str, Any]:
+    """`enable_thinking` for hybrid-reasoning templates (Qwen3 and kin); others ignore it.
+
+    None leaves the server's own chat-template arguments in charge.
+    """
+    return {} if enabled is None else {"enable_thinking": enabled}
+
+
+def sampling(ctx: ProtocolContext, temperature: float | None, top_p: float | None,
+             top_k: int | None = None, min_p: float | None = None) -> SamplingParams:
+    """Request sampling over the server's defaults, in the engine's conventions."""
+    d = ctx.defaults
+    p = d.top_p if top_p is None else top_p
+    return SamplingParams(
+        temperature=d.temperature if temperature is None else temperature,
+        top_p=p if p > 0 else 1.0,
+        top_k=max(d.top_k if top_k is None else top_k, 0),
+        min_p=d.min_p if min_p is None else min_p,
+    )

@@ -1,0 +1,127 @@
+"""API keys: checked in constant time on every API route, refused in the route's own error shape.
+
+A key arrives as `Authorization: Bearer <key>` (OpenAI SDKs) or `x-api-key: <key>` (Anthropic
+SDKs). Keys come from --api-key, --api-key-file (one per line, so a key can be rotated without
+a gap) and the MLX_SERVE_API_KEY environment variable; with none, every route is open.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import stat
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from engine.errors import ServeError, Unauthorized
+from protocols import anthropic_messages, openai_common
+from server.config import Config
+from server.types import ASGIApp, Receive, Scope, Send
+
+log = logging.getLogger("mlx_serve.auth")
+ENV_KEY = "MLX_SERVE_API_KEY"
+HEALTH_PATHS = frozenset({"/health"})
+METRICS_PATHS = frozenset({"/metrics", "/stats"})
+
+
+class KeyFileError(ValueError):
+    """--api-key-file cannot be read or holds no key."""
+
+
+def load_api_keys(config: Config, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Every accepted key, from the flag, the key file and the environment."""
+    keys = [config.api_key] if config.api_key else []
+    if config.api_key_file:
+        keys += _read_key_file(Path(config.api_key_file))
+    if environ.get(ENV_KEY):
+        keys.append(environ[ENV_KEY])
+    return keys
+
+
+def _read_key_file(path: Path) -> list[str]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise KeyFileError(f"--api-key-file {path}: {exc.strerror or exc}") from exc
+    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    if not keys:
+        raise KeyFileError(f"--api-key-file {path}: no key in it")
+    if path.stat().st_mode & (stat.S_IRGRP | stat.S_IROTH):
+        log.warning("--api-key-file %s is readable by other users; chmod 600 it", path)
+    return keys
+
+
+def open_paths(config: Config) -> frozenset[str]:
+    """Routes served without a key: /health and /metrics (+ /stats) unless protected by a flag."""
+    paths: set[str] = set()
+    if not config.protect_health:
+        paths |= HEALTH_PATHS
+    if not config.protect_metrics:
+        paths |= METRICS_PATHS
+    return frozenset(paths)
+
+
+def presented_keys(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
+    """The keys a client sent, from `Authorization: Bearer` and `x-api-key`."""
+    found = []
+    for name, value in headers:
+        if name == b"x-api-key":
+            found.append(value.strip())
+        elif name == b"authorization" and value[:7].lower() == b"bearer ":
+            found.append(value[7:].strip())
+    return found
+
+
+def error_body_for(path: str, exc: ServeError) -> bytes:
+    """The error body in the format of the route asked for (Anthropic's for /v1/messages*)."""
+    if path.startswith("/v1/messages"):
+        return anthropic_messages.error_body(exc)
+    return openai_common.error_body(exc)
+
+
+class ApiKeys:
+    """The accepted keys; `check` compares a presented key with each in constant time."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._keys = [k.encode() for k in keys]
+
+    def __bool__(self) -> bool:
+        return bool(self._keys)
+
+    def check(self, presented: Iterable[bytes]) -> bool:
+        # Compare with every key, so the time taken does not say which one matched.
+        matches = [hmac.compare_digest(p, key) for p in presented for key in self._keys]
+        return any(matches)
+
+
+class AuthMiddleware:
+    """ASGI middleware: 401 in the route's own error shape unless the request carries a key.
+
+    CORS preflights (OPTIONS) and `open_paths` pass without one; lifespan passes untouched.
+    """
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys, open_paths: frozenset[str]) -> None:
+        self.app = app
+        self.keys = keys
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        exc = Unauthorized("missing or invalid API key: send it as 'Authorization: Bearer <key>' "
+                           "or 'x-api-key: <key>'")
+        body = error_body_for(path, exc)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"www-authenticate", b'Bearer realm="mlx-serve"')]
+        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _allowed(self, scope: Scope) -> bool:
+        if not self.keys or scope["method"] == "OPTIONS":
+            return True
+        if (scope["path"].rstrip("/") or "/") in self.open_paths:
+            return True
+        return self.keys.check(presented_keys(scope.get("headers", [])))

@@ -1,0 +1,283 @@
+"""Per-request records: one log line, one --trace JSON line and the metrics of each request.
+
+`RequestObserver` (ASGI middleware) opens a `RequestRecord` per HTTP request and stamps what
+it sees from outside: arrival, body read, status, first and last write. The handler wraps the
+engine's stream with `record_of(scope).track(stream)`; the `TrackedStream` stamps each event
+(first token, gaps, finish reason, usage) and, on shutdown, ends the generation with an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from engine.errors import EngineUnavailable, ServeError
+from engine.types import Finished, Usage
+from server.metrics import ChoiceDone, Metrics, RequestDone, route_label
+from server.shutdown import Drain
+from server.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("mlx_serve.access")
+RECORD_KEY = "mlx_serve.record"
+QUIET_ROUTES = frozenset({"/health", "/metrics"})  # probes: DEBUG lines, no trace
+
+
+@dataclass(slots=True)
+class ChoiceTimes:
+    """Token timings of one choice (one engine request) in perf_counter seconds."""
+
+    first_token: float | None = None
+    last_token: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    deltas: int = 0
+    finished_reason: str | None = None
+    usage: Usage | None = None
+
+    def delta(self, now: float) -> None:
+        if self.first_token is None:
+            self.first_token = now
+        else:
+            assert self.last_token is not None
+            self.gaps.append(now - self.last_token)
+        self.last_token = now
+        self.deltas += 1
+
+    def done(self, arrived: float, outcome: str) -> ChoiceDone:
+        tokens = self.usage.completion_tokens if self.usage else self.deltas
+        ttft = None if self.first_token is None else self.first_token - arrived
+        return ChoiceDone(self.finished_reason or outcome, tokens, ttft, tuple(self.gaps))
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one HTTP request, stamped as it happens."""
+
+    method: str
+    path: str
+    client: str = ""
+    arrived: float = field(default_factory=time.perf_counter)
+    arrived_unix: float = field(default_factory=time.time)
+    drain: Drain | None = None
+    id: str = ""
+    status: int = 0
+    body_read: float | None = None
+    submitted: float | None = None
+    first_write: float | None = None
+    last_write: float | None = None
+    ended: float | None = None
+    prompt_tokens: int = 0
+    outcome: str = ""  # "", abort, error
+    error: str = ""
+    choices: dict[int, ChoiceTimes] = field(default_factory=dict)
+
+    @property
+    def route(self) -> str:
+        return route_label(self.path)
+
+    def track(self, stream: Any) -> TrackedStream:
+        """Wrap the engine's stream for this request (refused while the server shuts down)."""
+        if self.drain is not None and self.drain.draining:
+            stream.cancel()
+            raise EngineUnavailable("the server is shutting down; retry on another instance or later")
+        self.submitted = time.perf_counter()
+        self.id = stream.request.id
+        self.prompt_tokens = len(stream.request.prompt_tokens)
+        return TrackedStream(stream, self)
+
+    def event(self, index: int, ev: Any) -> None:
+        choice = self.choices.setdefault(index, ChoiceTimes())
+        if isinstance(ev, Finished):
+            choice.finished_reason, choice.usage = ev.reason.value, ev.usage
+        else:
+            choice.delta(time.perf_counter())
+
+    def wrote(self, now: float) -> None:
+        if self.first_write is None:
+            self.first_write = now
+        self.last_write = now
+
+    def summary(self) -> RequestDone:
+        end = self.ended or time.perf_counter()
+        outcome = self.outcome or "abort"
+        choices = tuple(c.done(self.arrived, outcome) for _, c in sorted(self.choices.items()))
+        if self.submitted is not None and not choices:
+            choices = (ChoiceTimes().done(self.arrived, outcome),)
+        cached = max((c.usage.cached_tokens for c in self.choices.values() if c.usage), default=0)
+        return RequestDone(self.route, self.method, self.status or 500, end - self.arrived,
+                           self.prompt_tokens, cached, choices)
+
+
+class TrackedStream:
+    """The engine's RequestStream as the writer sees it, with each event stamped on the record."""
+
+    def __init__(self, stream: Any, record: RequestRecord) -> None:
+        self._stream = stream
+        self._record = record
+        self._ended_by_shutdown = False
+        self._closed = False
+        if record.drain is not None:
+            record.drain.add(self)
+
+    @property
+    def request(self) -> Any:
+        return self._stream.request
+
+    @property
+    def tickets(self) -> Any:
+        return self._stream.tickets
+
+    @property
+    def done(self) -> bool:
+        return bool(self._stream.done)
+
+    async def next(self) -> Any:
+        try:
+            item = await self._stream.next()
+        except ServeError as exc:
+            self._close("error", exc.message)
+            raise
+        if item is None:
+            return self._ended()
+        self._record.event(*item)
+        if self._stream.done:
+            self._close("")
+        return item
+
+    def _ended(self) -> None:
+        if self._ended_by_shutdown:
+            self._close("abort", "server shutdown")
+            raise EngineUnavailable("the server is shutting down; this generation was ended")
+        self._close("abort", "client went away")
+        return None
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+        self._close("abort", "client went away")
+
+    def end_for_shutdown(self) -> None:
+        """Stop the generation; the consumer's next() raises EngineUnavailable."""
+        self._ended_by_shutdown = True
+        self._stream.cancel()
+
+    def _close(self, outcome: str, error: str = "") -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._record.outcome, self._record.error = outcome, error
+        if self._record.drain is not None:
+            self._record.drain.discard(self)
+
+
+class TraceWriter:
+    """--trace FILE: one JSON line per request with its phase timings (seconds from arrival)."""
+
+    def __init__(self, path: str) -> None:
+        self._file: IO[bytes] = Path(path).open("ab", buffering=0)
+
+    def write(self, record: RequestRecord, done: RequestDone) -> None:
+        self._file.write(orjson.dumps(trace_line(record, done)) + b"\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _since(record: RequestRecord, t: float | None) -> float | None:
+    return None if t is None else round(t - record.arrived, 6)
+
+
+def trace_line(record: RequestRecord, done: RequestDone) -> dict[str, Any]:
+    firsts = [c.first_token for c in record.choices.values() if c.first_token is not None]
+    lasts = [c.last_token for c in record.choices.values() if c.last_token is not None]
+    gaps = [g for c in record.choices.values() for g in c.gaps]
+    phases = {"body_read": _since(record, record.body_read), "submitted": _since(record, record.submitted),
+              "first_token": _since(record, min(firsts, default=None)),
+              "last_token": _since(record, max(lasts, default=None)),
+              "first_write": _since(record, record.first_write),
+              "last_write": _since(record, record.last_write), "end": _since(record, record.ended)}
+    return {"id": record.id, "method": record.method, "route": record.route, "status": done.status,
+            "outcome": outcome_of(done), "error": record.error or None, "arrived_unix": record.arrived_unix,
+            "phases_s": phases, "prompt_tokens": done.prompt_tokens, "cached_tokens": done.cached_tokens,
+            "completion_tokens": sum(c.completion_tokens for c in done.choices),
+            "choices": len(done.choices),
+            "inter_token_s": {"n": len(gaps), "mean": round(sum(gaps) / len(gaps), 6) if gaps else None,
+                              "max": round(max(gaps), 6) if gaps else None}}
+
+
+def outcome_of(done: RequestDone) -> str:
+    return ",".join(sorted({c.finished_reason for c in done.choices})) or "-"
+
+
+def log_line(record: RequestRecord, done: RequestDone) -> str:
+    """One logfmt line: id, route, status, tokens, TTFT, duration."""
+    ttfts = [c.ttft_s for c in done.choices if c.ttft_s is not None]
+    ttft = f"{min(ttfts) * 1000:.1f}" if ttfts else "-"
+    completion = sum(c.completion_tokens for c in done.choices)
+    return (f"request id={record.id} method={record.method} route={record.route} status={done.status} "
+            f"finish={outcome_of(done)} prompt_tokens={done.prompt_tokens} completion_tokens={completion} "
+            f"cached_tokens={done.cached_tokens} ttft_ms={ttft} duration_ms={done.duration_s * 1000:.1f} "
+            f"client={record.client or '-'}")
+
+
+def record_of(scope: Scope) -> RequestRecord:
+    """The request's record, or a detached one when no RequestObserver is in front of the app."""
+    record = scope.get(RECORD_KEY)
+    if record is None:
+        record = scope[RECORD_KEY] = RequestRecord(scope.get("method", ""), scope.get("path", ""))
+    return record  # type: ignore[no-any-return]
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else ""
+
+
+class RequestObserver:
+    """ASGI middleware: a record per request; at its end a log line, a trace line, metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, drain: Drain | None = None,
+                 trace: TraceWriter | None = None) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.drain = drain
+        self.trace = trace
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        record = RequestRecord(scope["method"], scope["path"], _client(scope), drain=self.drain)
+        scope[RECORD_KEY] = record
+
+        async def observed_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                record.body_read = time.perf_counter()
+            return message
+
+        async def observed_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+            elif message["type"] == "http.response.body":
+                record.wrote(time.perf_counter())
+            await send(message)
+
+        try:
+            await self.app(scope, observed_receive, observed_send)
+        finally:
+            record.ended = time.perf_counter()
+            self.report(record)
+
+    def report(self, record: RequestRecord) -> None:
+        record.id = record.id or f"req-{uuid.uuid4().hex[:16]}"
+        done = record.summary()
+        self.metrics.observe(done)
+        quiet = record.route in QUIET_ROUTES
+        log.log(logging.DEBUG if quiet else logging.INFO, "%s", log_line(record, done))
+        if self.trace is not None and not quiet:
+            self.trace.write(record, done)
