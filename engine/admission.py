@@ -13,6 +13,8 @@ mlx-lm's KV caches grow in steps of 256 slots, so each sequence is also charged 
 `context_limit` the most one request may ask for: min(model context, --max-context, capacity).
 Since context_limit ≤ kv_capacity_tokens, a request that `admit` lets through always fits the
 scheduler's budget eventually (Scheduler.can_ever_fit holds); it may wait, never evicts.
+Capacity is in KV slots: mlx-lm's generation batch pads every row to its longest row, so the
+slots a batch holds are rows × the longest row, not the sum of the rows' tokens.
 
 MLX is imported inside the measuring functions only: `admit` runs on the server side.
 """
@@ -111,14 +113,15 @@ class MemoryPlan:
     def describe(self) -> str:
         kv = f"{_fmt(self.kv.per_token)}/token"
         if self.kv.window_per_token:
-            kv += f" + sliding windows {_fmt(self.kv.window_per_token)}/token up to {_fmt(self.kv.window_full)}"
+            kv += f" + windows {_fmt(self.kv.window_per_token)}/token up to {_fmt(self.kv.window_full)}/sequence"
         if self.kv.per_sequence:
             kv += f" + state {_fmt(self.kv.per_sequence)}/sequence"
         model_max = f"{self.shape.max_context:,}" if self.shape.max_context else "unknown"
+        total = "unbounded" if self.kv_capacity_tokens >= UNBOUNDED_TOKENS else f"{self.kv_capacity_tokens:,}"
         return (f"memory: budget {_fmt(self.budget.nbytes)} ({self.budget.source}) = weights "
                 f"{_fmt(self.weights_bytes)} + prefill transient {_fmt(self.prefill_transient_bytes)} "
-                f"({self.prefill_step_size}-token chunks) + KV {kv} → {self.kv_capacity_tokens:,} tokens "
-                f"in all; context {self.context_limit:,} tokens (model: {model_max})")
+                f"({self.prefill_step_size}-token chunks) + KV {kv} → {total} tokens in all; "
+                f"context {self.context_limit:,} tokens (model: {model_max})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +211,8 @@ def _transient(shape: ModelShape, kv: KvCost, chunk: int, context: int, rows: in
     scores, a sliding window's overshoot by one chunk) plus the decode rows' logits and sampling."""
     logits = (chunk * chunk_logits + 2 * rows) * shape.vocab * LOGIT_BYTES
     acts = chunk * (HIDDEN_COPIES * shape.hidden + FFN_COPIES * shape.intermediate) * shape.act_bytes
-    scores = shape.heads * chunk * context * shape.act_bytes
+    attends = kv.per_token or kv.window_per_token  # a pure state-space model has no scores
+    scores = shape.heads * chunk * context * shape.act_bytes if attends else 0
     return math.ceil(TRANSIENT_MARGIN * (logits + acts + scores + chunk * kv.window_per_token))
 
 
@@ -254,7 +258,7 @@ def _layer_cost(c: Any) -> KvCost:
     if isinstance(c, mc.CacheList):
         return sum((_layer_cost(x) for x in c.caches), KvCost())
     if isinstance(c, mc.ArraysCache) or not hasattr(c, "keys"):
-        return KvCost(per_sequence=_nbytes(c.state))
+        return KvCost(per_sequence=sum(a.nbytes for a in _arrays(c.state)))
     per_token = _bytes_per_slot(c.keys) + _bytes_per_slot(c.values)
     if isinstance(c, mc.RotatingKVCache | mc.BatchRotatingKVCache):
         return KvCost(window_per_token=per_token, window_full=c.max_size * per_token)
@@ -267,10 +271,6 @@ def _bytes_per_slot(x: Any) -> int:
     # Keys/values are (batch=1, heads, slots, dim), or a tuple of such for quantized caches;
     # dividing by the allocated slots skips the 256-slot preallocation.
     return sum(a.nbytes // a.shape[-2] for a in _arrays(x) if a.ndim >= 2)
-
-
-def _nbytes(x: Any) -> int:
-    return sum(a.nbytes for a in _arrays(x))
 
 
 def _arrays(tree: Any) -> list[Any]:

@@ -23,24 +23,40 @@ class EngineSettings:
     prompt_cache_size: int = 10
     prompt_cache_bytes: int | None = None
     seed: int | None = None
+    memory_budget_bytes: int | None = None
+    max_context: int | None = None
+
+    @property
+    def capacity(self) -> int:
+        """Calls that may be in flight at once: running rows plus the waiting queue."""
+        return self.max_running + self.max_waiting
 
 
 def make_core(loaded: LoadedModel, counters: Counters, settings: EngineSettings,
               adapter_path: str | None = None) -> Core:
+    """Plan memory (raises InsufficientMemory when nothing fits), then build the core."""
+    from engine.admission import plan_memory
     from engine.prefix_cache import PrefixCache
     from engine.runner import BatchRunner
     from engine.scheduler import Scheduler, SchedulerConfig
 
+    plan = plan_memory(loaded.model, budget_bytes=settings.memory_budget_bytes,
+                       prefill_step_size=settings.token_budget, max_context=settings.max_context,
+                       max_running=settings.max_running)
+    print(plan.describe(), flush=True)
     sched = Scheduler(SchedulerConfig(max_running=settings.max_running,
                                       max_prefilling=settings.max_prefilling,
                                       token_budget=settings.token_budget,
-                                      max_waiting=settings.max_waiting),
+                                      max_waiting=settings.max_waiting,
+                                      kv_capacity_tokens=plan.kv_capacity_tokens),
                       frozenset(loaded.tokenizer.eos_token_ids))
     prefix = PrefixCache(f"{loaded.model_id}|{adapter_path or ''}",
                          max_entries=settings.prompt_cache_size,
                          max_bytes=settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES)
     runner = BatchRunner(loaded.model, prefill_step_size=settings.token_budget, prefix_cache=prefix)
-    return Core(sched, runner, loaded.tokenizer, counters, prefix)
+    core = Core(sched, runner, loaded.tokenizer, counters, prefix)
+    core.memory_plan = plan
+    return core
 
 
 def load_and_build(counters: Counters, spec: ModelSpec, settings: EngineSettings
@@ -52,7 +68,8 @@ def load_and_build(counters: Counters, spec: ModelSpec, settings: EngineSettings
         mx.random.seed(settings.seed)
     loaded = load_model(spec)
     print(describe(loaded), flush=True)
-    return make_core(loaded, counters, settings, spec.adapter_path), {"model_id": loaded.model_id}
+    core = make_core(loaded, counters, settings, spec.adapter_path)
+    return core, {"model_id": loaded.model_id, "memory_plan": core.memory_plan}
 
 
 def describe(loaded: LoadedModel) -> str:

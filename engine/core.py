@@ -65,6 +65,7 @@ class Core:
         self.tickets: dict[str, Ticket] = {}
         self.texts: dict[str, RowText] = {}
         self._prefixes: dict[str, tuple[list[Any] | None, int]] = {}
+        self.memory_plan: Any = None  # the admission plan this core was sized by, if any
         scheduler.cached_prefix = self._lookup_prefix
 
     def _lookup_prefix(self, request: Request) -> int:

@@ -12,11 +12,12 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from engine.core import Core, Ticket
-from engine.errors import EngineUnavailable, ServeError
+from engine.admission import MemoryPlan, admit
+from engine.errors import EngineUnavailable, QueueFull, ServeError
 from engine.types import Counters, Event, Finished, Request
 
 log = logging.getLogger("mlx_serve.engine")
@@ -30,6 +31,32 @@ class EngineState(enum.Enum):
     STOPPED = "stopped"
 
 
+class Gate:
+    """Loop-side admission, decided before any response starts: the memory fit of each request
+    (max_tokens clamped to the context, or ContextTooLong) and the bound on calls in flight
+    (running plus waiting: QueueFull, answered 429 with Retry-After)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.inflight = 0
+        self.plan: MemoryPlan | None = None
+
+    def admit(self, requests: Sequence[Request]) -> tuple[list[Request], list[str]]:
+        out, warnings = list(requests), []
+        if self.plan is not None:
+            decisions = [admit(self.plan, len(r.prompt_tokens), r.max_tokens) for r in out]
+            out = [replace(r, max_tokens=d.max_tokens) for r, d in zip(out, decisions)]
+            warnings = sorted({d.warning for d in decisions if d.warning})
+        if self.inflight + len(out) > self.capacity:
+            raise QueueFull(f"the server is at capacity ({self.capacity} requests running or "
+                            "waiting); retry shortly", retry_after_s=1)
+        self.inflight += len(out)
+        return out, warnings
+
+    def release(self, n: int) -> None:
+        self.inflight -= n
+
+
 class RequestStream:
     """The consumer's end of one API call: its n choices' events, tagged with the choice index.
 
@@ -38,13 +65,16 @@ class RequestStream:
     """
 
     def __init__(self, requests: Sequence[Request], loop: asyncio.AbstractEventLoop,
-                 on_cancel: Callable[[str], None] | None = None) -> None:
+                 on_cancel: Callable[[str], None] | None = None,
+                 on_close: Callable[[], None] | None = None, warnings: Sequence[str] = ()) -> None:
         self._events: asyncio.Queue[tuple[int, Event | ServeError] | object] = asyncio.Queue()
         put = self._events.put_nowait
         self.tickets = [Ticket(r, self._emitter(loop, put, i)) for i, r in enumerate(requests)]
         self.index_of = {r.id: i for i, r in enumerate(requests)}
         self._open = set(range(len(requests)))
         self._on_cancel = on_cancel
+        self._on_close = on_close
+        self.warnings = list(warnings)
         self.done = False
 
     @staticmethod
@@ -68,22 +98,30 @@ class RequestStream:
             return None
         item: Any = await self._events.get()
         if item is CANCELLED:
-            self.done = True
+            self._end()
             return None
         i, ev = item
         if isinstance(ev, ServeError):
-            self.done = True
+            self._end()
             self.cancel_open()
             raise ev
         if isinstance(ev, Finished):
             self._open.discard(i)
-            self.done = not self._open
+            if not self._open:
+                self._end()
         return i, ev
+
+    def _end(self) -> None:
+        if not self.done:
+            self.done = True
+            if self._on_close is not None:
+                self._on_close()
 
     def cancel(self) -> None:
         """The client left: stop generation at the next step and wake the consumer."""
         if not self.done:
             self._events.put_nowait(CANCELLED)
+            self._end()
         self.cancel_open()
 
     def cancel_open(self) -> None:
@@ -99,9 +137,11 @@ class RequestStream:
 class Engine:
     """Owns the model and the MLX thread. Loading happens on that thread after `start()`."""
 
-    def __init__(self, loader: Callable[[], Any], make_core: Callable[[Any, Counters], Core]) -> None:
+    def __init__(self, loader: Callable[[], Any], make_core: Callable[[Any, Counters], Core],
+                 capacity: int = 1 << 30) -> None:
         self._loader = loader
         self._make_core = make_core
+        self.gate = Gate(capacity)
         self._inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.state = EngineState.LOADING
@@ -136,7 +176,9 @@ class Engine:
         """Queue a call's requests; refusals (not ready, …) raise here, before any response."""
         if not self.ready:
             raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
-        stream = RequestStream(requests, asyncio.get_running_loop())
+        admitted, warnings = self.gate.admit(requests)
+        stream = RequestStream(admitted, asyncio.get_running_loop(), warnings=warnings,
+                               on_close=lambda: self.gate.release(len(admitted)))
         for ticket in stream.tickets:
             self._inbox.put(ticket)
         return stream
@@ -145,6 +187,7 @@ class Engine:
         try:
             self.loaded = self._loader()
             core = self._make_core(self.loaded, self.counters)
+            self.gate.plan = getattr(core, "memory_plan", None)
         except Exception as exc:  # noqa: BLE001 - any load failure makes the engine unusable
             log.exception("model failed to load")
             self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.core import Core, Ticket
-from engine.engine import EngineState, RequestStream
+from engine.engine import EngineState, Gate, RequestStream
 from engine.errors import EngineFailed, EngineUnavailable, ServeError
 from engine.types import Counters, Event, Finished, Request
 
@@ -62,6 +62,7 @@ class Stats:
 @dataclass(frozen=True, slots=True)
 class LoadFailed:
     error: str
+    fatal: bool = False  # a restart cannot fix it (the model does not fit the memory budget)
 
 
 @dataclass(slots=True)
@@ -75,8 +76,9 @@ class _Child:
 class ProcessEngine:
     """Same face as engine.engine.Engine, with the model in a restartable child process."""
 
-    def __init__(self, prepare: Callable[[], tuple[Any, tuple[Any, ...]]]) -> None:
+    def __init__(self, prepare: Callable[[], tuple[Any, tuple[Any, ...]]], capacity: int = 1 << 30) -> None:
         self._prepare = prepare
+        self.gate = Gate(capacity)
         self.loaded: Any = None  # model_id and tokenizer, for the protocols
         self._child_args: tuple[Any, ...] = ()
         self.state = EngineState.LOADING
@@ -88,6 +90,7 @@ class ProcessEngine:
         self._nonces = itertools.count()
         self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._stopping = False
+        self.on_fatal: Callable[[str], None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -140,9 +143,11 @@ class ProcessEngine:
         child = self._child
         if not self.ready or child is None:
             raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
-        stream = RequestStream(requests, asyncio.get_running_loop(),
-                               on_cancel=lambda rid: self._send(child, Abort(rid)))
-        for request in requests:
+        admitted, warnings = self.gate.admit(requests)
+        stream = RequestStream(admitted, asyncio.get_running_loop(), warnings=warnings,
+                               on_cancel=lambda rid: self._send(child, Abort(rid)),
+                               on_close=lambda: self.gate.release(len(admitted)))
+        for request in admitted:
             child.streams[request.id] = stream
             self._send(child, Submit(request))
         return stream
@@ -195,9 +200,12 @@ class ProcessEngine:
                 waiter.set_result(message.counters)
         elif isinstance(message, Ready):
             child.pid, self.info = message.pid, message.info
+            self.gate.plan = message.info.get("memory_plan")
             self.state, self.error = EngineState.READY, None
         elif isinstance(message, LoadFailed):
             self.state, self.error = EngineState.FAILED, message.error
+            if message.fatal and self.on_fatal is not None:
+                self.on_fatal(message.error)
 
     def _on_death(self, child: _Child, exitcode: int | None) -> None:
         for request_id, stream in child.streams.items():
@@ -221,7 +229,9 @@ def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...]) -> None:
     try:
         core, info = build(counters, *build_args)
     except Exception as exc:  # noqa: BLE001 - told to the parent, which reports it on /health
-        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
+        from engine.admission import InsufficientMemory
+
+        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}", isinstance(exc, InsufficientMemory)))
         return
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
     outbox: list[tuple[str, Event | ServeError]] = []

@@ -211,8 +211,13 @@ class Scheduler:
         return leader is not None and leader.state in (SeqState.WAITING, SeqState.PREFILLING)
 
     def _fits(self, seq: Sequence) -> bool:
+        # The batch pads every row to its longest, so what it holds is rows × the longest row.
         cap = self.config.kv_capacity_tokens
-        return cap is None or self.kv_reserved + seq.kv_tokens <= cap
+        if cap is None:
+            return True
+        longest = max([seq.kv_tokens, *(s.kv_tokens for s in self.prefilling),
+                       *(s.kv_tokens for s in self.decoding)])
+        return (self.num_active + 1) * longest <= cap
 
     def can_ever_fit(self, request: Request) -> bool:
         cap = self.config.kv_capacity_tokens

@@ -163,13 +163,14 @@ class App:
         ctx = self.context()
         job = fmt.parse(body, ctx)
         stream = self.engine.submit(choices(job))
+        notes = [(b"warning", w.encode()) for w in stream.warnings]
         if job.stream:
             renderer = fmt.renderer(job, ctx)
-            await stream_sse(receive, send, stream, renderer, self.config.heartbeat_s)
+            await stream_sse(receive, send, stream, renderer, self.config.heartbeat_s, notes)
             return
         results = await collect(receive, stream)
         if results is not None:
-            await send_json(send, 200, fmt.to_json(job, results, ctx))
+            await send_json(send, 200, fmt.to_json(job, results, ctx), notes)
 
     def context(self) -> ProtocolContext:
         if self._ctx is None:

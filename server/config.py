@@ -39,6 +39,8 @@ class Config:
     prompt_concurrency: int = 8
     prefill_step_size: int = 2048
     max_queue: int = 64
+    memory_budget_bytes: int | None = None
+    max_context: int | None = None
     prompt_cache_size: int = 10
     prompt_cache_bytes: int | None = None
     draft_model: str | None = None
@@ -110,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prompt-concurrency", type=int, help="prompts prefilled together (8)")
     a("--prefill-step-size", type=int, help="prefill chunk in tokens, and the per-step token budget (2048)")
     a("--max-queue", type=int, help="requests allowed to wait for a batch slot before 429 (64)")
+    a("--memory-budget", dest="memory_budget_bytes", type=_parse_size,
+      help="bytes for weights + KV + prefill, e.g. 12G (default: 70%% of RAM on a CPU, 90%% of GPU memory)")
+    a("--max-context", type=int, help="cap on prompt + max_tokens per request (default: what fits)")
     a("--prompt-cache-size", type=int, help="max prompt-cache entries (10)")
     a("--prompt-cache-bytes", type=_parse_size, help="max prompt-cache bytes, e.g. 4G")
     a("--draft-model", help="draft model for speculative decoding (not supported yet)")
@@ -157,11 +162,14 @@ def _read_toml(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
         parser.error(f"--config {path}: {exc}")
     known = {f.name for f in fields(Config)}
     values = {k.replace("-", "_"): v for k, v in raw.items()}
+    if "memory_budget" in values:  # the flag's name, --memory-budget
+        values["memory_budget_bytes"] = values.pop("memory_budget")
     unknown = sorted(set(values) - known)
     if unknown:
         parser.error(f"--config {path}: unknown settings {', '.join(unknown)}")
-    if isinstance(values.get("prompt_cache_bytes"), str):
-        values["prompt_cache_bytes"] = _parse_size(values["prompt_cache_bytes"])
+    for key in ("prompt_cache_bytes", "memory_budget_bytes"):
+        if isinstance(values.get(key), str):
+            values[key] = _parse_size(values[key])
     if isinstance(values.get("allowed_origins"), str):
         values["allowed_origins"] = _origins(values["allowed_origins"])
     return values

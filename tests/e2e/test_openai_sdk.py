@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -189,3 +190,20 @@ def test_n_choices_share_one_prefill(client: openai.OpenAI, smollm_server: Serve
         for c in chunk.choices:
             texts[c.index] += c.delta.content or ""
     assert texts == [want, want]
+
+
+def test_prompt_longer_than_the_context_is_400_with_both_numbers(smollm_server: ServerProcess) -> None:
+    body = {"prompt": "hello " * 9000, "max_tokens": 8}
+    r = httpx.post(smollm_server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and "8192" in err["message"]
+    assert any(int(n) >= 9000 for n in re.findall(r"\d+", err["message"]))  # the prompt's own size
+
+
+def test_max_tokens_beyond_the_context_is_clamped_and_said(smollm_server: ServerProcess) -> None:
+    body = {"messages": QUESTION, "max_tokens": 100000}
+    r = httpx.post(smollm_server.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200
+    assert "clamped" in r.headers["warning"] and "100000" in r.headers["warning"]
+    assert "Paris" in r.json()["choices"][0]["message"]["content"]

@@ -258,3 +258,23 @@ def test_app_n_choices_json_and_stream() -> None:
     assert text == {0: "xy", 1: "xy", 2: "xy"}
     assert sum(1 for c in chunks for ch in c["choices"] if ch["finish_reason"]) == 3
     assert chunks[-1]["usage"]["completion_tokens"] == 9
+
+
+def test_app_full_queue_is_429_with_retry_after_before_any_stream() -> None:
+    engine, _ = fake_engine([f"t{i}" for i in range(100)], step_s=0.01, capacity=2)
+    long_stream = CHAT_STREAM.replace(b'"max_tokens":50', b'"max_tokens":100')
+
+    async def go() -> tuple[Any, Any]:
+        app = await ready(started(engine))
+        running = [asyncio.create_task(call(app, "POST", "/v1/chat/completions", long_stream)) for _ in range(2)]
+        await wait_until(lambda: engine.gate.inflight == 2)
+        refused = await call(app, "POST", "/v1/chat/completions", CHAT_STREAM)
+        done = await asyncio.gather(*running)
+        after = await call(app, "POST", "/v1/chat/completions", CHAT)
+        return refused, (done, after)
+
+    refused, (done, after) = run(go())
+    assert refused.status == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert all(r.sse_data()[-1] == "[DONE]" for r in done)
+    assert after.status == 200 and engine.gate.inflight == 0

@@ -94,7 +94,8 @@ class ScriptedRunner:
 
 def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | None = None,
                 load_gate: threading.Event | None = None, load_error: str | None = None,
-                max_running: int = 32, max_waiting: int = 64) -> tuple[Engine, list[ScriptedRunner]]:
+                max_running: int = 32, max_waiting: int = 64,
+                capacity: int = 1 << 30) -> tuple[Engine, list[ScriptedRunner]]:
     runners: list[ScriptedRunner] = []
 
     def load() -> LoadedModel:
@@ -110,4 +111,4 @@ def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | Non
         scheduler = Scheduler(config, frozenset({EOS}))
         return Core(scheduler, runners[-1], loaded.tokenizer, counters)
 
-    return Engine(load, make_core), runners
+    return Engine(load, make_core, capacity=capacity), runners

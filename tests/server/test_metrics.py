@@ -1,0 +1,266 @@
+"""Tier 2: per-request records, Prometheus metrics, the request log line, --trace and the
+shutdown drain, with a fake engine and hand-driven receive/send."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.engine import Engine, EngineState
+from engine.errors import ServeError
+from engine.types import Delta, Finished, Request
+from server.app import App
+from server.config import Config
+from server.metrics import Metrics, MetricsEndpoint, route_label, running_and_waiting
+from server.observe import RequestObserver, TraceWriter, record_of
+from server.shutdown import Drain
+from server.writer import stream_sse
+from tests.support.asgi import call, wait_until
+from tests.support.fake_engine import fake_engine
+
+
+class Frames:
+    """A minimal StreamRenderer: one line per event."""
+
+    def start(self) -> bytes:
+        return b"start\n"
+
+    def delta(self, event: Delta, index: int = 0) -> bytes:
+        return f"delta {getattr(event, 'text', '')}\n".encode()
+
+    def finish(self, event: Finished, index: int = 0) -> bytes:
+        return f"finish {event.reason.value}\n".encode()
+
+    def error(self, exc: ServeError) -> bytes:
+        return f"error {exc.status} {exc.message}\n".encode()
+
+    def heartbeat(self) -> bytes:
+        return b": ping\n"
+
+
+def generating_app(engine: Engine, max_tokens: int = 50) -> Any:
+    """The one line of wiring the real App has: the handler tracks the engine's stream."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()  # the body, as App reads it before it parses and submits
+        request = Request(id="req-1", prompt_tokens=(5, 6, 7), max_tokens=max_tokens)
+        stream = record_of(scope).track(engine.submit([request]))
+        await stream_sse(receive, send, stream, Frames(), 15.0)
+
+    return app
+
+
+def samples(text: str) -> dict[str, float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+async def scrape(metrics: Metrics, engine: Engine) -> dict[str, float]:
+    r = await call(MetricsEndpoint(_never, metrics, engine), "GET", "/metrics")
+    assert r.status == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return samples(r.body.decode())
+
+
+async def _never(scope: Any, receive: Any, send: Any) -> None:
+    raise AssertionError("not for the app")
+
+
+def test_metrics_stream_counts_tokens_ttft_itl_and_finish_reason() -> None:
+    engine, _ = fake_engine([f"t{i} " for i in range(6)], step_s=0.01)
+
+    async def go() -> dict[str, float]:
+        engine.start()
+        await engine.wait_ready()
+        metrics = Metrics()
+        app = RequestObserver(generating_app(engine), metrics)
+        r = await call(app, "POST", "/v1/chat/completions")
+        assert r.body.decode().splitlines()[-1] == "finish stop"
+        return await scrape(metrics, engine)
+
+    m = asyncio.run(go())
+    assert m["mlx_serve:request_success_total{finished_reason=stop}"] == 1
+    assert m["mlx_serve:prompt_tokens_total"] == 3
+    assert m["mlx_serve:generation_tokens_total"] == 7  # six pieces and the EOS
+    assert m["mlx_serve:time_to_first_token_seconds_count"] == 1
+    assert m["mlx_serve:inter_token_latency_seconds_count"] == 5  # gaps between six deltas
+    assert m["mlx_serve:inter_token_latency_seconds_sum"] > 0.02
+    assert m["mlx_serve:time_per_output_token_seconds_count"] == 1
+    assert m["mlx_serve:e2e_request_latency_seconds_count"] == 1
+    assert m["mlx_serve:http_requests_total{endpoint=/v1/chat/completions,method=POST,status=200}"] == 1
+    assert m["mlx_serve:engine_ready"] == 1 and m["mlx_serve:engine_restarts_total"] == 0
+    assert m["mlx_serve:num_requests_running"] == 0 and m["mlx_serve:num_requests_waiting"] == 0
+
+
+def test_metrics_client_disconnect_counts_as_abort() -> None:
+    engine, _ = fake_engine([f"t{i} " for i in range(300)], step_s=0.01)
+
+    async def go() -> dict[str, float]:
+        engine.start()
+        await engine.wait_ready()
+        metrics = Metrics()
+        await call(RequestObserver(generating_app(engine, 400), metrics), "POST", "/v1/completions",
+                   disconnect_after_chunks=3)
+        await wait_until(lambda: engine.counters.requests_aborted == 1)
+        return await scrape(metrics, engine)
+
+    m = asyncio.run(go())
+    assert m["mlx_serve:request_success_total{finished_reason=abort}"] == 1
+    assert m["mlx_serve:http_requests_total{endpoint=/v1/completions,method=POST,status=200}"] == 1
+
+
+def test_metrics_running_gauge_during_a_stream() -> None:
+    engine, _ = fake_engine([f"t{i} " for i in range(200)], step_s=0.01)
+
+    async def go() -> tuple[dict[str, float], dict[str, float]]:
+        engine.start()
+        await engine.wait_ready()
+        drain = Drain()
+        metrics = Metrics(in_flight=drain.__len__)
+        app = RequestObserver(generating_app(engine, 400), metrics, drain)
+        task = asyncio.create_task(call(app, "POST", "/v1/chat/completions", timeout_s=30))
+        await wait_until(lambda: engine.counters.generated_tokens > 3)
+        during = await scrape(metrics, engine)
+        drain.begin(0.0)
+        await task
+        return during, await scrape(metrics, engine)
+
+    during, after = asyncio.run(go())
+    assert during["mlx_serve:num_requests_running"] == 1 and during["mlx_serve:num_requests_waiting"] == 0
+    assert after["mlx_serve:num_requests_running"] == 0
+
+
+def test_drain_ends_open_stream_with_error_frame_and_aborts_engine() -> None:
+    engine, runners = fake_engine([f"t{i} " for i in range(500)], step_s=0.01)
+
+    async def go() -> Any:
+        engine.start()
+        await engine.wait_ready()
+        drain = Drain()
+        app = RequestObserver(generating_app(engine, 600), Metrics(), drain)
+        task = asyncio.create_task(call(app, "POST", "/v1/chat/completions", timeout_s=30))
+        await wait_until(lambda: engine.counters.generated_tokens > 3)
+        drain.begin(0.2)
+        reply = await task
+        await wait_until(lambda: engine.counters.requests_aborted == 1)
+        return reply
+
+    r = asyncio.run(go())
+    lines = r.body.decode().splitlines()
+    assert lines[-1].startswith("error 503 the server is shutting down")
+    assert sum(ln.startswith("delta") for ln in lines) < 400
+    assert engine.counters.requests_finished == 0
+
+
+def test_drain_lets_short_stream_finish_and_refuses_new_requests() -> None:
+    engine, _ = fake_engine(["a", "b", "c"], step_s=0.01)
+
+    async def go() -> tuple[Any, Any]:
+        engine.start()
+        await engine.wait_ready()
+        drain = Drain()
+        app = RequestObserver(generating_app(engine), Metrics(), drain)
+        task = asyncio.create_task(call(app, "POST", "/v1/chat/completions"))
+        await wait_until(lambda: len(drain) == 1)
+        drain.begin(5.0)
+        finished = await task
+        try:
+            await call(app, "POST", "/v1/chat/completions")
+        except ServeError as exc:  # the real App turns this into a 503 in the route's format
+            return finished, exc
+        return finished, None
+
+    finished, refused = asyncio.run(go())
+    assert finished.body.decode().splitlines()[-1] == "finish stop"
+    assert refused is not None and refused.status == 503
+
+
+def test_metrics_endpoint_serves_prometheus_text_beside_the_app() -> None:
+    engine, _ = fake_engine(["a"])
+
+    async def go() -> tuple[Any, Any]:
+        app = App(Config(), engine)
+        engine.start()
+        await engine.wait_ready()
+        metrics = Metrics()
+        stack = RequestObserver(MetricsEndpoint(app, metrics, engine), metrics)
+        health = await call(stack, "GET", "/health")
+        await call(stack, "GET", "/nope/secret-1")
+        return health, await call(stack, "GET", "/metrics")
+
+    health, r = asyncio.run(go())
+    assert health.status == 200
+    m = samples(r.body.decode())
+    assert m["mlx_serve:http_requests_total{endpoint=/health,method=GET,status=200}"] == 1
+    assert m["mlx_serve:http_requests_total{endpoint=other,method=GET,status=404}"] == 1
+    assert "mlx_serve:kv_cache_usage_perc" not in m  # absent until the engine reports it
+
+
+def test_metrics_engine_numbers_when_reported() -> None:
+    class Reporting:
+        state = EngineState.READY
+
+        async def stats(self) -> dict[str, Any]:
+            return {"num_requests_running": 3, "num_requests_waiting": 2, "kv_cache_usage_perc": 0.25,
+                    "restarts": 1, "spec_decode_num_accepted_tokens": 40, "spec_decode_num_draft_tokens": 60}
+
+    async def go() -> dict[str, float]:
+        r = await call(MetricsEndpoint(_never, Metrics(), Reporting()), "GET", "/metrics")  # type: ignore[arg-type]
+        return samples(r.body.decode())
+
+    m = asyncio.run(go())
+    assert m["mlx_serve:num_requests_running"] == 3 and m["mlx_serve:num_requests_waiting"] == 2
+    assert m["mlx_serve:kv_cache_usage_perc"] == 0.25
+    assert m["mlx_serve:engine_restarts_total"] == 1
+    assert m["mlx_serve:spec_decode_num_accepted_tokens_total"] == 40
+
+
+def test_running_and_waiting_derived_from_counters() -> None:
+    stats = {"requests_started": 5, "requests_finished": 2, "requests_aborted": 1, "requests_failed": 0}
+    assert running_and_waiting(stats, in_flight=4) == (2, 2)
+    assert running_and_waiting({}, in_flight=3) == (0, 3)
+
+
+def test_route_label_bounds_cardinality() -> None:
+    assert route_label("/v1/chat/completions/") == "/v1/chat/completions"
+    assert route_label("/v1/models/some-model") == "/v1/models/{id}"
+    assert route_label("/wp-admin/x.php") == "other"
+
+
+def test_request_log_line_and_trace(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    engine, _ = fake_engine(["a", "b"], step_s=0.01)
+    trace_path = tmp_path / "trace.jsonl"
+
+    async def go() -> None:
+        engine.start()
+        await engine.wait_ready()
+        trace = TraceWriter(str(trace_path))
+        app = RequestObserver(generating_app(engine), Metrics(), trace=trace)
+        await call(app, "POST", "/v1/chat/completions")
+        await call(RequestObserver(App(Config(), engine), Metrics(), trace=trace), "GET", "/health")
+        trace.close()
+
+    with caplog.at_level(logging.INFO, logger="mlx_serve.access"):
+        asyncio.run(go())
+    lines = [r.getMessage() for r in caplog.records if r.name == "mlx_serve.access"]
+    assert len(lines) == 1  # /health is logged at DEBUG only
+    line = lines[0]
+    for part in ("request id=req-1 ", "route=/v1/chat/completions", "status=200", "finish=stop",
+                 "prompt_tokens=3", "completion_tokens=3", "ttft_ms=", "duration_ms="):
+        assert part in line, line
+    traced = [orjson.loads(x) for x in trace_path.read_bytes().splitlines()]
+    assert len(traced) == 1
+    t = traced[0]
+    assert t["id"] == "req-1" and t["status"] == 200 and t["outcome"] == "stop"
+    p = t["phases_s"]
+    assert 0 <= p["body_read"] <= p["submitted"] <= p["first_token"] <= p["last_token"] <= p["last_write"] <= p["end"]
+    assert t["completion_tokens"] == 3 and t["inter_token_s"]["n"] == 1
