@@ -101,6 +101,7 @@ class ModelSpec:
     adapter_path: str | None = None
     chat_template: str = ""
     trust_remote_code: bool = False
+    dequantize: str = "auto"
 
     def tokenizer_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"trust_remote_code": self.trust_remote_code}
@@ -110,10 +111,10 @@ class ModelSpec:
 
 
 def prepare(spec: str | None, *, adapter_path: str | None = None, chat_template: str = "",
-            trust_remote_code: bool = False) -> ModelSpec:
+            trust_remote_code: bool = False, dequantize: str = "auto") -> ModelSpec:
     """Find, fetch or convert the model named by `--model`; loads no weights."""
     path, model_id = resolve(spec)
-    return ModelSpec(path, model_id, adapter_path, chat_template, trust_remote_code)
+    return ModelSpec(path, model_id, adapter_path, chat_template, trust_remote_code, dequantize)
 
 
 def load_tokenizer(spec: ModelSpec) -> Any:
@@ -132,7 +133,39 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     model, tokenizer = mlx_load(str(spec.path), adapter_path=spec.adapter_path,
                                 tokenizer_config=spec.tokenizer_config(),
                                 trust_remote_code=spec.trust_remote_code)
+    model = maybe_dequantize(model, spec.dequantize)
     return LoadedModel(model=model, tokenizer=tokenizer, model_id=spec.model_id, path=spec.path)
+
+
+def maybe_dequantize(model: Any, choice: str = "auto") -> Any:
+    """Quantized weights as float32 where that is faster and fits.
+
+    MLX's CPU backend runs quantized matmuls without BLAS, so on a CPU a 4-bit model prefills
+    10-15x slower than its float32 copy. `auto` dequantizes on a CPU device when float32
+    weights take at most DEQUANTIZE_RAM_FRACTION of RAM; `always` and `never` force it.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import dequantize_model
+
+    params = tree_flatten(model.parameters())
+    if choice == "never" or not any(k.endswith(".scales") for k, _ in params):
+        return model
+    if choice == "auto":
+        if mx.default_device() != mx.cpu:
+            return model
+        from engine.admission import total_ram_bytes
+
+        # A packed uint32 holds up to 8 weights (4-bit): an upper bound on the float32 size.
+        float32_bytes = 4 * sum(v.size * 8 if v.dtype == mx.uint32 else v.size for _, v in params)
+        if float32_bytes > DEQUANTIZE_RAM_FRACTION * total_ram_bytes():
+            return model
+    model = dequantize_model(model)
+    mx.eval(model.parameters())
+    return model
+
+
+DEQUANTIZE_RAM_FRACTION = 0.25
 
 
 def _template_text(value: str) -> str:

@@ -57,19 +57,29 @@ class BatchRunner:
     def step(self, plan: StepPlan) -> StepOutput:
         with mx.stream(generation_stream):
             self._release(plan.release)
+            finals: list[tuple[PromptProcessingBatch, list[int]]] = []
             for chunk in plan.prefill:
                 tokens = list(self._requests[chunk.seq_id].prompt_tokens[chunk.start:chunk.end])
                 batch = self._prompts[chunk.seq_id]
-                if chunk.final:
-                    if self._requests[chunk.seq_id].share_prompt:
-                        tokens = self._leave_prompt(batch, tokens)
-                    self._gen.extend(batch.generate([tokens]))
-                    del self._prompts[chunk.seq_id]
-                else:
+                if not chunk.final:
                     batch.prompt([tokens])
+                    continue
+                if self._requests[chunk.seq_id].share_prompt:
+                    tokens = self._leave_prompt(batch, tokens)
+                finals.append((batch, tokens))
+                del self._prompts[chunk.seq_id]
+            if finals:
+                self._join(finals)
             if len(self._gen) == 0:
                 return StepOutput({})
             return StepOutput({self._seq_of[r.uid]: r.token for r in self._gen.next()})
+
+    def _join(self, finals: list[tuple[PromptProcessingBatch, list[int]]]) -> None:
+        """Last prompt chunks of several sequences in one forward; then they join decoding."""
+        merged = finals[0][0]
+        for batch, _ in finals[1:]:
+            merged.extend(batch)
+        self._gen.extend(merged.generate([tokens for _, tokens in finals]))
 
     def _leave_prompt(self, batch: PromptProcessingBatch, tokens: list[int]) -> list[int]:
         """Prefill all but the last prompt token and leave that KV for the sibling choices."""

@@ -46,7 +46,8 @@ def model_spec(config: Config) -> Any:
     from engine.loader import prepare
 
     return prepare(config.model, adapter_path=config.adapter_path,
-                   chat_template=config.chat_template, trust_remote_code=config.trust_remote_code)
+                   chat_template=config.chat_template, trust_remote_code=config.trust_remote_code,
+                   dequantize=config.dequantize)
 
 
 def build_engine(config: Config) -> Any:

@@ -53,6 +53,7 @@ class Config:
     keep_alive_s: float = 75 * SECONDS
     blas: str = "auto"
     engine: str = "process"
+    dequantize: str = "auto"
     seed: int | None = None
     # -- deployment: TLS, keys, shutdown, request tracing (issue 6) --
     certfile: str | None = None
@@ -127,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--keep-alive-s", type=float, help="idle HTTP keep-alive seconds (75)")
     a("--blas", help="Linux CPU BLAS: auto (OpenBLAS when installed), bundled, or a .so path")
     a("--seed", type=int, help="global random seed")
+    a("--dequantize", choices=("auto", "always", "never"),
+      help="run quantized weights as float32: auto = on a CPU, where MLX's quantized matmuls "
+           "have no BLAS and prefill 10-15x slower (when float32 fits in a quarter of RAM)")
     a("--engine", choices=("process", "thread"),
       help="run the model in a restartable child process (default) or a thread of this one")
     # -- deployment: TLS, keys, shutdown, request tracing (issue 6) --

@@ -124,17 +124,9 @@ class TrackedStream:
         if record.drain is not None:
             record.drain.add(self)
 
-    @property
-    def request(self) -> Any:
-        return self._stream.request
-
-    @property
-    def tickets(self) -> Any:
-        return self._stream.tickets
-
-    @property
-    def done(self) -> bool:
-        return bool(self._stream.done)
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (request, tickets, done, warnings, ...) is the engine stream's own.
+        return getattr(self._stream, name)
 
     async def next(self) -> Any:
         try:

@@ -4,21 +4,17 @@ TLS with ALPN h2 (httpx), concurrent streams on one connection, and RST_STREAM c
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
 import httpx
 import orjson
 import pytest
 
-from tests.deploy.tools import content_frames, ensure_tool, self_signed_cert, tokens_settle, wait_for_stats
+from tests.deploy.tools import (H2Client, content_frames, ensure_tool, self_signed_cert, tokens_settle,
+                                trusting, wait_for_stats)
 from tests.support.server_proc import ServerProcess
 
 STORY = [{"role": "user", "content": "Write a very long story about a dragon who learns to cook."}]
@@ -38,7 +34,7 @@ class TlsServerProcess(ServerProcess):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/health", verify=str(self.cert), timeout=2).status_code == 200:
+                if httpx.get(self.url + "/health", verify=trusting(self.cert), timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -47,7 +43,7 @@ class TlsServerProcess(ServerProcess):
         raise RuntimeError(f"server not ready in {timeout_s}s:\n{self.log()}")
 
     def stats(self) -> dict[str, object]:
-        return dict(httpx.get(self.url + "/stats", verify=str(self.cert), timeout=5).json())
+        return dict(httpx.get(self.url + "/stats", verify=trusting(self.cert), timeout=5).json())
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +79,7 @@ def test_h2c_prior_knowledge_streams_sse_with_curl(plain: ServerProcess, tmp_pat
 
 def test_tls_alpn_h2_streams_sse_with_httpx(tls: TlsServerProcess) -> None:
     body = {"messages": STORY, "max_tokens": 20, "stream": True}
-    with httpx.Client(http2=True, verify=str(tls.cert), timeout=120) as c:
+    with httpx.Client(http2=True, verify=trusting(tls.cert), timeout=120) as c:
         with c.stream("POST", tls.url + "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200 and r.http_version == "HTTP/2"
             lines = list(r.iter_lines())
@@ -110,7 +106,7 @@ def test_tls_several_concurrent_streams_share_one_connection(tls: TlsServerProce
         return network, first, last, tail
 
     async def go() -> list[tuple[object, float, float, str]]:
-        async with httpx.AsyncClient(http2=True, verify=str(tls.cert), timeout=120) as c:
+        async with httpx.AsyncClient(http2=True, verify=trusting(tls.cert), timeout=120) as c:
             await c.get(tls.url + "/health")  # open the one connection first
             return await asyncio.gather(*(one(c, i) for i in range(4)))
 
@@ -121,53 +117,19 @@ def test_tls_several_concurrent_streams_share_one_connection(tls: TlsServerProce
     assert max(first for _, first, _, _ in results) < min(last for _, _, last, _ in results)
 
 
-def _h2_request(conn: h2.connection.H2Connection, sock: socket.socket, stream_id: int, port: int,
-                body: dict[str, object]) -> None:
-    conn.send_headers(stream_id, [(":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "http"),
-                                  (":authority", f"127.0.0.1:{port}"), ("content-type", "application/json")])
-    conn.send_data(stream_id, orjson.dumps(body), end_stream=True)
-    sock.sendall(conn.data_to_send())
-
-
-def _h2_read(conn: h2.connection.H2Connection, sock: socket.socket) -> list[h2.events.Event]:
-    data = sock.recv(65536)
-    assert data, "server closed the connection"
-    events = conn.receive_data(data)
-    for ev in events:
-        if isinstance(ev, h2.events.DataReceived):
-            conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-    sock.sendall(conn.data_to_send())
-    return events
-
-
 def test_h2_stream_reset_cancels_generation_and_keeps_the_connection(plain: ServerProcess) -> None:
     tokens_settle(plain.url)
     before = plain.stats()
-    sock = socket.create_connection(("127.0.0.1", plain.port), timeout=60)
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    conn.initiate_connection()
-    sock.sendall(conn.data_to_send())
-    _h2_request(conn, sock, 1, plain.port, {"messages": STORY, "max_tokens": 1000, "stream": True})
-    seen = 0
-    while seen < 3:
-        seen += sum(content_frames(ev.data) for ev in _h2_read(conn, sock)
-                    if isinstance(ev, h2.events.DataReceived) and ev.stream_id == 1)
-    conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
-    sock.sendall(conn.data_to_send())
+    client = H2Client(plain.port)
+    client.post(1, "/v1/chat/completions", {"messages": STORY, "max_tokens": 1000, "stream": True})
+    client.read_content_frames(1, at_least=3)
+    client.reset(1)
     after = wait_for_stats(plain.url, lambda s: s["requests_aborted"] > int(before["requests_aborted"]))
     settled = tokens_settle(plain.url)
     assert after["requests_finished"] == before["requests_finished"]
     assert settled - int(before["generated_tokens"]) < 300, "generation went on after RST_STREAM"
     # Only the stream was reset: the same connection serves the next request.
-    _h2_request(conn, sock, 3, plain.port, {"messages": STORY, "max_tokens": 3})
-    status, body, ended = "", b"", False
-    while not ended:
-        for ev in _h2_read(conn, sock):
-            if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == 3:
-                status = dict(ev.headers)[b":status"].decode()
-            elif isinstance(ev, h2.events.DataReceived) and ev.stream_id == 3:
-                body += ev.data
-            elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id == 3:
-                ended = True
-    sock.close()
-    assert status == "200" and orjson.loads(body)["choices"][0]["message"]["content"]
+    client.post(3, "/v1/chat/completions", {"messages": STORY, "max_tokens": 3})
+    status, body = client.response(3)
+    client.close()
+    assert status == 200 and orjson.loads(body)["choices"][0]["message"]["content"]

@@ -28,7 +28,10 @@ def oracle(smollm_path: Path) -> Any:
     """mlx-lm's own greedy generation on the same folder: the reference text and token count."""
     from mlx_lm import load, stream_generate
 
+    from engine.loader import maybe_dequantize
+
     model, tokenizer = load(str(smollm_path))
+    model = maybe_dequantize(model)  # the weights the server runs (float32 on a CPU)
 
     def reference(messages: list[dict[str, str]] | None = None, prompt: str | None = None,
                   max_tokens: int = 40) -> tuple[str, int]:

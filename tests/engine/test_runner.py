@@ -28,7 +28,10 @@ QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a ha
 def smollm(smollm_path: Path) -> tuple[Any, Any]:
     from mlx_lm import load
 
-    return load(str(smollm_path))
+    from engine.loader import maybe_dequantize
+
+    model, tokenizer = load(str(smollm_path))
+    return maybe_dequantize(model), tokenizer  # as the server runs it (float32 on a CPU)
 
 
 def prompt_ids(tokenizer: Any, question: str) -> tuple[int, ...]:
