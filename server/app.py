@@ -23,6 +23,7 @@ from protocols import anthropic_messages, openai_chat, openai_completions, opena
 from server.config import Config
 from engine.types import Request
 from server.types import Defaults, Job, ProtocolContext, Receive, Scope, Send, WireFormat
+from server.observe import record_of
 from server.writer import collect, send_json, stream_sse
 
 log = logging.getLogger("mlx_serve.http")
@@ -152,17 +153,17 @@ class App:
     def generation(self, fmt: WireFormat) -> Handler:
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
             try:
-                await self._generate(fmt, receive, send)
+                await self._generate(fmt, scope, receive, send)
             except ServeError as exc:
                 await self.error(send, fmt, exc)
 
         return handle
 
-    async def _generate(self, fmt: WireFormat, receive: Receive, send: Send) -> None:
+    async def _generate(self, fmt: WireFormat, scope: Scope, receive: Receive, send: Send) -> None:
         body = await read_body(receive, self.config.max_body_bytes)
         ctx = self.context()
         job = fmt.parse(body, ctx)
-        stream = self.engine.submit(choices(job))
+        stream = record_of(scope).track(self.engine.submit(choices(job)))
         notes = [(b"warning", w.encode()) for w in stream.warnings]
         if job.stream:
             renderer = fmt.renderer(job, ctx)

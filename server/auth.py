@@ -111,11 +111,15 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        exc = Unauthorized("missing or invalid API key: send it as 'Authorization: Bearer <key>' "
-                           "or 'x-api-key: <key>'")
+        exc = Unauthorized(
+            "missing or invalid API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+        )
         body = error_body_for(path, exc)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"www-authenticate", b'Bearer realm="mlx-serve"')]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b'Bearer realm="mlx-serve"'),
+        ]
         await send({"type": "http.response.start", "status": exc.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

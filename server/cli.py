@@ -134,7 +134,7 @@ async def serve(config: Config) -> None:
         loop.add_signal_handler(sig, on_signal)
     print(greeting(config), file=sys.stderr, flush=True)
     try:
-        await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+        await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)
     finally:
         if trace is not None:
             trace.close()

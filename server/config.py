@@ -171,7 +171,7 @@ def _read_toml(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
     unknown = sorted(set(values) - known)
     if unknown:
         parser.error(f"--config {path}: unknown settings {', '.join(unknown)}")
-    for key in ("prompt_cache_bytes", "memory_budget_bytes"):
+    for key in ("prompt_cache_bytes", "memory_budget_bytes", "max_body_bytes"):
         if isinstance(values.get(key), str):
             values[key] = _parse_size(values[key])
     if isinstance(values.get("allowed_origins"), str):

@@ -19,14 +19,75 @@ from server.types import ASGIApp, Receive, Scope, Send
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 # vLLM's buckets, trimmed to what a Mac's token rates can produce.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000,
-                 100000, 200000)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000)
 # Engine counters passed through when the engine reports them (speculation, preemption).
 ENGINE_COUNTERS = {
     "spec_decode_num_drafts": "Speculative decoding: draft rounds.",
@@ -34,8 +95,17 @@ ENGINE_COUNTERS = {
     "spec_decode_num_accepted_tokens": "Speculative decoding: draft tokens accepted by the target.",
     "num_preemptions": "Requests preempted to free KV memory.",
 }
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-          "/v1/responses", "/v1/models", "/health", "/stats", "/metrics")
+ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/v1/models",
+    "/health",
+    "/stats",
+    "/metrics",
+)
 ROUTE_PREFIXES = (("/v1/models/", "/v1/models/{id}"), ("/v1/responses/", "/v1/responses/{id}"))
 
 
@@ -90,30 +160,56 @@ class Metrics:
         self.engine = EngineCollector(in_flight)
         self.registry.register(self.engine)
         r = self.registry
-        self.http_requests = Counter("mlx_serve:http_requests", "HTTP requests by endpoint, method and status.",
-                                     ["endpoint", "method", "status"], registry=r)
-        self.request_success = Counter("mlx_serve:request_success", "Finished generations by finish reason.",
-                                       ["finished_reason"], registry=r)
+        self.http_requests = Counter(
+            "mlx_serve:http_requests",
+            "HTTP requests by endpoint, method and status.",
+            ["endpoint", "method", "status"],
+            registry=r,
+        )
+        self.request_success = Counter(
+            "mlx_serve:request_success",
+            "Finished generations by finish reason.",
+            ["finished_reason"],
+            registry=r,
+        )
         self.prompt_tokens = Counter("mlx_serve:prompt_tokens", "Prompt tokens processed.", registry=r)
         self.generation_tokens = Counter("mlx_serve:generation_tokens", "Tokens generated.", registry=r)
-        self.prefix_cache_queries = Counter("mlx_serve:prefix_cache_queries",
-                                            "Prompt tokens looked up in the prefix cache.", registry=r)
-        self.prefix_cache_hits = Counter("mlx_serve:prefix_cache_hits",
-                                         "Prompt tokens found in the prefix cache.", registry=r)
-        self.ttft = Histogram("mlx_serve:time_to_first_token_seconds", "Time to first token.",
-                              buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram("mlx_serve:inter_token_latency_seconds", "Time between streamed tokens.",
-                             buckets=ITL_BUCKETS, registry=r)
-        self.tpot = Histogram("mlx_serve:time_per_output_token_seconds",
-                              "Mean time per output token after the first, per request.",
-                              buckets=ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("mlx_serve:e2e_request_latency_seconds", "End-to-end request latency.",
-                             buckets=E2E_BUCKETS, registry=r)
-        self.request_prompt_tokens = Histogram("mlx_serve:request_prompt_tokens", "Prompt tokens per request.",
-                                               buckets=TOKEN_BUCKETS, registry=r)
-        self.request_generation_tokens = Histogram("mlx_serve:request_generation_tokens",
-                                                   "Generated tokens per request.",
-                                                   buckets=TOKEN_BUCKETS, registry=r)
+        self.prefix_cache_queries = Counter(
+            "mlx_serve:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            "mlx_serve:prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r
+        )
+        self.ttft = Histogram(
+            "mlx_serve:time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "mlx_serve:inter_token_latency_seconds",
+            "Time between streamed tokens.",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "mlx_serve:time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "mlx_serve:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.request_prompt_tokens = Histogram(
+            "mlx_serve:request_prompt_tokens", "Prompt tokens per request.", buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.request_generation_tokens = Histogram(
+            "mlx_serve:request_generation_tokens",
+            "Generated tokens per request.",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
 
     def observe(self, done: RequestDone) -> None:
         """Count one finished HTTP request."""
@@ -139,6 +235,26 @@ class Metrics:
         if choice.inter_token_s:
             self.tpot.observe(sum(choice.inter_token_s) / len(choice.inter_token_s))
 
+    def summary(self) -> dict[str, Any]:
+        """The request-level series as JSON for people (/stats): totals, and histogram means."""
+        out: dict[str, Any] = {"http_requests": {}, "finished": {}}
+        for family in (self.http_requests, self.request_success):
+            for metric in family.collect():
+                for s in metric.samples:
+                    if s.name.endswith("_total"):
+                        key = " ".join(s.labels.values())
+                        out["http_requests" if family is self.http_requests else "finished"][key] = s.value
+        for name, counter in (
+            ("prompt_tokens", self.prompt_tokens),
+            ("generation_tokens", self.generation_tokens),
+            ("prefix_cache_hits", self.prefix_cache_hits),
+        ):
+            out[name] = _sample(counter, "_total")
+        for name, hist in (("ttft_s", self.ttft), ("inter_token_s", self.itl), ("e2e_s", self.e2e)):
+            count, total = _sample(hist, "_count"), _sample(hist, "_sum")
+            out[name] = {"count": count, "mean": round(total / count, 6) if count else None}
+        return out
+
     async def render(self, source: StatsSource) -> bytes:
         """The Prometheus text exposition, with the engine's numbers asked for now."""
         try:
@@ -163,14 +279,21 @@ class EngineCollector:
         s = self.snapshot
         running, waiting = running_and_waiting(s, self.in_flight())
         yield GaugeMetricFamily("mlx_serve:num_requests_running", "Requests in the running batch.", running)
-        yield GaugeMetricFamily("mlx_serve:num_requests_waiting", "Requests waiting for a batch slot.", waiting)
-        yield GaugeMetricFamily("mlx_serve:engine_ready", "1 while the engine serves, 0 while it loads, "
-                                "restarts or has failed.", 1.0 if s.get("state", "ready") == "ready" else 0.0)
-        yield CounterMetricFamily("mlx_serve:engine_restarts", "Times the engine process was restarted.",
-                                  s.get("restarts", 0))
+        yield GaugeMetricFamily(
+            "mlx_serve:num_requests_waiting", "Requests waiting for a batch slot.", waiting
+        )
+        yield GaugeMetricFamily(
+            "mlx_serve:engine_ready",
+            "1 while the engine serves, 0 while it loads, restarts or has failed.",
+            1.0 if s.get("state", "ready") == "ready" else 0.0,
+        )
+        yield CounterMetricFamily(
+            "mlx_serve:engine_restarts", "Times the engine process was restarted.", s.get("restarts", 0)
+        )
         if "kv_cache_usage_perc" in s:
-            yield GaugeMetricFamily("mlx_serve:kv_cache_usage_perc", "KV cache usage (1 = full).",
-                                    s["kv_cache_usage_perc"])
+            yield GaugeMetricFamily(
+                "mlx_serve:kv_cache_usage_perc", "KV cache usage (1 = full).", s["kv_cache_usage_perc"]
+            )
         for key, doc in ENGINE_COUNTERS.items():
             if key in s:
                 yield CounterMetricFamily(f"mlx_serve:{key}", doc, s[key])
@@ -206,3 +329,11 @@ class MetricsEndpoint:
         headers = [(b"content-type", CONTENT_TYPE), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+
+def _sample(metric: Counter | Histogram, suffix: str) -> float:
+    for family in metric.collect():
+        for s in family.samples:
+            if s.name.endswith(suffix):
+                return float(s.value)
+    return 0.0

@@ -109,8 +109,15 @@ class RequestRecord:
         if self.submitted is not None and not choices:
             choices = (ChoiceTimes().done(self.arrived, outcome),)
         cached = max((c.usage.cached_tokens for c in self.choices.values() if c.usage), default=0)
-        return RequestDone(self.route, self.method, self.status or 500, end - self.arrived,
-                           self.prompt_tokens, cached, choices)
+        return RequestDone(
+            self.route,
+            self.method,
+            self.status or 500,
+            end - self.arrived,
+            self.prompt_tokens,
+            cached,
+            choices,
+        )
 
 
 class TrackedStream:
@@ -146,7 +153,6 @@ class TrackedStream:
             self._close("abort", "server shutdown")
             raise EngineUnavailable("the server is shutting down; this generation was ended")
         self._close("abort", "client went away")
-        return None
 
     def cancel(self) -> None:
         self._stream.cancel()
@@ -170,7 +176,7 @@ class TraceWriter:
     """--trace FILE: one JSON line per request with its phase timings (seconds from arrival)."""
 
     def __init__(self, path: str) -> None:
-        self._file: IO[bytes] = Path(path).open("ab", buffering=0)
+        self._file: IO[bytes] = Path(path).open("ab", buffering=0)  # noqa: SIM115 - open while serving
 
     def write(self, record: RequestRecord, done: RequestDone) -> None:
         self._file.write(orjson.dumps(trace_line(record, done)) + b"\n")
@@ -187,18 +193,34 @@ def trace_line(record: RequestRecord, done: RequestDone) -> dict[str, Any]:
     firsts = [c.first_token for c in record.choices.values() if c.first_token is not None]
     lasts = [c.last_token for c in record.choices.values() if c.last_token is not None]
     gaps = [g for c in record.choices.values() for g in c.gaps]
-    phases = {"body_read": _since(record, record.body_read), "submitted": _since(record, record.submitted),
-              "first_token": _since(record, min(firsts, default=None)),
-              "last_token": _since(record, max(lasts, default=None)),
-              "first_write": _since(record, record.first_write),
-              "last_write": _since(record, record.last_write), "end": _since(record, record.ended)}
-    return {"id": record.id, "method": record.method, "route": record.route, "status": done.status,
-            "outcome": outcome_of(done), "error": record.error or None, "arrived_unix": record.arrived_unix,
-            "phases_s": phases, "prompt_tokens": done.prompt_tokens, "cached_tokens": done.cached_tokens,
-            "completion_tokens": sum(c.completion_tokens for c in done.choices),
-            "choices": len(done.choices),
-            "inter_token_s": {"n": len(gaps), "mean": round(sum(gaps) / len(gaps), 6) if gaps else None,
-                              "max": round(max(gaps), 6) if gaps else None}}
+    phases = {
+        "body_read": _since(record, record.body_read),
+        "submitted": _since(record, record.submitted),
+        "first_token": _since(record, min(firsts, default=None)),
+        "last_token": _since(record, max(lasts, default=None)),
+        "first_write": _since(record, record.first_write),
+        "last_write": _since(record, record.last_write),
+        "end": _since(record, record.ended),
+    }
+    return {
+        "id": record.id,
+        "method": record.method,
+        "route": record.route,
+        "status": done.status,
+        "outcome": outcome_of(done),
+        "error": record.error or None,
+        "arrived_unix": record.arrived_unix,
+        "phases_s": phases,
+        "prompt_tokens": done.prompt_tokens,
+        "cached_tokens": done.cached_tokens,
+        "completion_tokens": sum(c.completion_tokens for c in done.choices),
+        "choices": len(done.choices),
+        "inter_token_s": {
+            "n": len(gaps),
+            "mean": round(sum(gaps) / len(gaps), 6) if gaps else None,
+            "max": round(max(gaps), 6) if gaps else None,
+        },
+    }
 
 
 def outcome_of(done: RequestDone) -> str:
@@ -210,18 +232,20 @@ def log_line(record: RequestRecord, done: RequestDone) -> str:
     ttfts = [c.ttft_s for c in done.choices if c.ttft_s is not None]
     ttft = f"{min(ttfts) * 1000:.1f}" if ttfts else "-"
     completion = sum(c.completion_tokens for c in done.choices)
-    return (f"request id={record.id} method={record.method} route={record.route} status={done.status} "
-            f"finish={outcome_of(done)} prompt_tokens={done.prompt_tokens} completion_tokens={completion} "
-            f"cached_tokens={done.cached_tokens} ttft_ms={ttft} duration_ms={done.duration_s * 1000:.1f} "
-            f"client={record.client or '-'}")
+    return (
+        f"request id={record.id} method={record.method} route={record.route} status={done.status} "
+        f"finish={outcome_of(done)} prompt_tokens={done.prompt_tokens} completion_tokens={completion} "
+        f"cached_tokens={done.cached_tokens} ttft_ms={ttft} duration_ms={done.duration_s * 1000:.1f} "
+        f"client={record.client or '-'}"
+    )
 
 
 def record_of(scope: Scope) -> RequestRecord:
     """The request's record, or a detached one when no RequestObserver is in front of the app."""
     record = scope.get(RECORD_KEY)
-    if record is None:
+    if not isinstance(record, RequestRecord):
         record = scope[RECORD_KEY] = RequestRecord(scope.get("method", ""), scope.get("path", ""))
-    return record  # type: ignore[no-any-return]
+    return record
 
 
 def _client(scope: Scope) -> str:
@@ -232,8 +256,9 @@ def _client(scope: Scope) -> str:
 class RequestObserver:
     """ASGI middleware: a record per request; at its end a log line, a trace line, metrics."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, drain: Drain | None = None,
-                 trace: TraceWriter | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: Metrics, drain: Drain | None = None, trace: TraceWriter | None = None
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.drain = drain

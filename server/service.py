@@ -51,14 +51,22 @@ def _env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def plist(args: argparse.Namespace, program: list[str], flags: list[str], stop_timeout_s: float) -> dict[str, Any]:
+def plist(
+    args: argparse.Namespace, program: list[str], flags: list[str], stop_timeout_s: float
+) -> dict[str, Any]:
     """A LaunchAgent (or, with --daemon, a LaunchDaemon run as --user) for this server."""
     home = home_of(args.user)
-    log_dir = Path(args.log_dir or (Path(home) / "Library/Logs/mlx-serve" if not args.daemon
-                                    else "/Library/Logs/mlx-serve"))
+    log_dir = Path(
+        args.log_dir
+        or (Path(home) / "Library/Logs/mlx-serve" if not args.daemon else "/Library/Logs/mlx-serve")
+    )
     bin_dir = str(Path(program[0]).parent)
-    env = {"PATH": f"{bin_dir}:/usr/local/bin:/opt/homebrew/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-           "PYTHONUNBUFFERED": "1", "HOME": home, **_env(args.env)}
+    env = {
+        "PATH": f"{bin_dir}:/usr/local/bin:/opt/homebrew/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        "PYTHONUNBUFFERED": "1",
+        "HOME": home,
+        **_env(args.env),
+    }
     out: dict[str, Any] = {
         "Label": args.label,
         "ProgramArguments": program + flags,
@@ -86,7 +94,9 @@ def systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def systemd_unit(args: argparse.Namespace, program: list[str], flags: list[str], stop_timeout_s: float) -> str:
+def systemd_unit(
+    args: argparse.Namespace, program: list[str], flags: list[str], stop_timeout_s: float
+) -> str:
     env = {"PYTHONUNBUFFERED": "1", "HOME": home_of(args.user), **_env(args.env)}
     environment = "".join(f"Environment={systemd_quote(f'{k}={v}')}\n" for k, v in env.items())
     return f"""[Unit]
@@ -117,23 +127,40 @@ WantedBy=multi-user.target
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx-serve service", allow_abbrev=False,
-                                description="Print a service definition that runs mlx-serve with the "
-                                            "server flags that follow (after the options, or after --).")
+    p = argparse.ArgumentParser(
+        prog="mlx-serve service",
+        allow_abbrev=False,
+        description="Print a service definition that runs mlx-serve with the "
+        "server flags that follow (after the options, or after --).",
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    for name, what in (("print-plist", "a launchd plist (macOS)"), ("print-systemd", "a systemd unit (Linux)")):
+    for name, what in (
+        ("print-plist", "a launchd plist (macOS)"),
+        ("print-systemd", "a systemd unit (Linux)"),
+    ):
         s = sub.add_parser(name, help=f"print {what}", allow_abbrev=False)
         s.add_argument("--user", default=getpass.getuser(), help="account the server runs as")
         s.add_argument("--working-directory", default=os.getcwd(), help="where it runs (default: here)")
         s.add_argument("--program", help="the mlx-serve executable (default: the one beside this Python)")
-        s.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                       help="an environment variable for the server (repeatable)")
+        s.add_argument(
+            "--env",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="an environment variable for the server (repeatable)",
+        )
         if name == "print-plist":
             s.add_argument("--label", default=LABEL, help=f"launchd label ({LABEL})")
-            s.add_argument("--daemon", action="store_true",
-                           help="a LaunchDaemon run as --user (default: a LaunchAgent of this user)")
-            s.add_argument("--log-dir", help="log folder (~/Library/Logs/mlx-serve; /Library/Logs/mlx-serve "
-                                             "for --daemon); create it before loading")
+            s.add_argument(
+                "--daemon",
+                action="store_true",
+                help="a LaunchDaemon run as --user (default: a LaunchAgent of this user)",
+            )
+            s.add_argument(
+                "--log-dir",
+                help="log folder (~/Library/Logs/mlx-serve; /Library/Logs/mlx-serve "
+                "for --daemon); create it before loading",
+            )
     return p
 
 
@@ -141,7 +168,7 @@ def split_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     """Service options, then the server's flags (everything after `--`, or not ours)."""
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     return argv, []
 
 
@@ -151,8 +178,11 @@ def main(argv: list[str]) -> int:
     flags = rest + flags
     config = load_config(flags)  # exits with the server's own message on a bad flag
     if "--api-key" in flags or any(f.startswith("--api-key=") for f in flags):
-        print("mlx-serve service: warning: --api-key puts the key in the service file and in `ps`; "
-              "prefer --api-key-file", file=sys.stderr)
+        print(
+            "mlx-serve service: warning: --api-key puts the key in the service file and in `ps`; "
+            "prefer --api-key-file",
+            file=sys.stderr,
+        )
     program = [args.program] if args.program else default_program()
     stop_timeout_s = config.shutdown_timeout_s + STOP_MARGIN_S
     if args.command == "print-plist":

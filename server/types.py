@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.errors import ServeError
 from engine.tokenizer import ChatTokenizer
-from engine.types import Delta, Finished, FinishReason, Request, Usage
+from engine.types import Delta, Event, Finished, FinishReason, Request, Usage
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -67,6 +67,15 @@ class Result:
     stop_sequence: str | None = None
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+
+
+class EventStream(Protocol):
+    """What the writer needs of an engine stream (RequestStream, observe.TrackedStream)."""
+
+    @property
+    def tickets(self) -> Sequence[Any]: ...
+    async def next(self) -> tuple[int, Event] | None: ...
+    def cancel(self) -> None: ...
 
 
 class StreamRenderer(Protocol):

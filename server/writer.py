@@ -11,10 +11,9 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 
-from engine.engine import RequestStream
 from engine.errors import ServeError
 from engine.types import Delta, Finished, ReasoningDelta, TextDelta, ToolCallStart
-from server.types import Receive, Result, Send, StreamRenderer, ToolCall
+from server.types import EventStream, Receive, Result, Send, StreamRenderer, ToolCall
 
 Headers = list[tuple[bytes, bytes]]
 SSE_HEADERS: Headers = [
@@ -36,7 +35,7 @@ async def send_json(send: Send, status: int, body: bytes,
     await send_bytes(send, status, body, b"application/json", extra)
 
 
-def watch_disconnect(receive: Receive, stream: RequestStream) -> asyncio.Task[None]:
+def watch_disconnect(receive: Receive, stream: EventStream) -> asyncio.Task[None]:
     """Cancel the engine request the moment the client goes away."""
 
     async def watch() -> None:
@@ -49,7 +48,7 @@ def watch_disconnect(receive: Receive, stream: RequestStream) -> asyncio.Task[No
     return asyncio.create_task(watch())
 
 
-async def collect(receive: Receive, stream: RequestStream) -> list[Result] | None:
+async def collect(receive: Receive, stream: EventStream) -> list[Result] | None:
     """Run a call to the end for a JSON answer, one Result per choice; None if the client left."""
     watcher = watch_disconnect(receive, stream)
     accs = [Accumulator() for _ in stream.tickets]
@@ -91,7 +90,7 @@ class Accumulator:
                       "".join(self.reasoning), calls)
 
 
-async def stream_sse(receive: Receive, send: Send, stream: RequestStream,
+async def stream_sse(receive: Receive, send: Send, stream: EventStream,
                      renderer: StreamRenderer, heartbeat_s: float,
                      extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """Headers, then one frame per event, heartbeats while quiet, an error frame on failure."""
@@ -108,7 +107,7 @@ async def stream_sse(receive: Receive, send: Send, stream: RequestStream,
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _pump(stream: RequestStream, renderer: StreamRenderer,
+async def _pump(stream: EventStream, renderer: StreamRenderer,
                 body: _BodySender, heartbeat_s: float) -> None:
     while True:
         try:

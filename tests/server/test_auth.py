@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from server import auth
 from server.app import App
 from server.auth import ApiKeys, AuthMiddleware, KeyFileError, load_api_keys, open_paths, presented_keys
 from server.config import Config, load_config
@@ -20,8 +19,13 @@ KEY = "sk-local-0123456789"
 CHAT = b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":3}'
 
 
-def request(path: str, headers: list[tuple[bytes, bytes]] | None = None, method: str = "GET",
-            body: bytes = b"", **config: Any) -> Reply:
+def request(
+    path: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    method: str = "GET",
+    body: bytes = b"",
+    **config: Any,
+) -> Reply:
     engine, _ = fake_engine(["a"])
     cfg = Config(api_key=KEY, **config)
 
@@ -55,23 +59,32 @@ def test_auth_missing_key_is_401_in_anthropic_shape(path: str) -> None:
 
 @pytest.mark.parametrize("path", ["/v1/responses", "/v1/completions", "/v1/models", "/stats/"])
 def test_auth_every_api_route_needs_the_key(path: str) -> None:
-    r = request(path, method="POST" if path != "/v1/models" else "GET", body=b"{}",
-                protect_metrics=True)
+    r = request(path, method="POST" if path != "/v1/models" else "GET", body=b"{}", protect_metrics=True)
     assert r.status == 401 and "error" in r.json()
 
 
-@pytest.mark.parametrize("header", [(b"authorization", f"Bearer {KEY}".encode()),
-                                    (b"authorization", f"bearer {KEY}".encode()),
-                                    (b"x-api-key", KEY.encode())])
+@pytest.mark.parametrize(
+    "header",
+    [
+        (b"authorization", f"Bearer {KEY}".encode()),
+        (b"authorization", f"bearer {KEY}".encode()),
+        (b"x-api-key", KEY.encode()),
+    ],
+)
 def test_auth_key_as_bearer_or_x_api_key_passes(header: tuple[bytes, bytes]) -> None:
     r = request("/v1/chat/completions", [header], method="POST", body=CHAT)
     assert r.status == 200 and r.json()["choices"][0]["message"]["content"] == "a"
 
 
-@pytest.mark.parametrize("header", [(b"authorization", b"Bearer sk-wrong"),
-                                    (b"authorization", KEY.encode()),  # no scheme
-                                    (b"authorization", f"Basic {KEY}".encode()),
-                                    (b"x-api-key", KEY[:-1].encode())])
+@pytest.mark.parametrize(
+    "header",
+    [
+        (b"authorization", b"Bearer sk-wrong"),
+        (b"authorization", KEY.encode()),  # no scheme
+        (b"authorization", f"Basic {KEY}".encode()),
+        (b"x-api-key", KEY[:-1].encode()),
+    ],
+)
 def test_auth_wrong_key_is_401(header: tuple[bytes, bytes]) -> None:
     assert request("/v1/models", [header]).status == 401
 
@@ -86,8 +99,12 @@ def test_auth_health_and_metrics_open_by_default_and_closable() -> None:
 
 
 def test_auth_cors_preflight_passes_without_key() -> None:
-    r = request("/v1/chat/completions", [(b"origin", b"https://app.example")], method="OPTIONS",
-                allowed_origins=["https://app.example"])
+    r = request(
+        "/v1/chat/completions",
+        [(b"origin", b"https://app.example")],
+        method="OPTIONS",
+        allowed_origins=["https://app.example"],
+    )
     assert r.status == 204 and r.headers["access-control-allow-origin"] == "https://app.example"
 
 
@@ -111,7 +128,7 @@ def test_auth_compares_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
+    monkeypatch.setattr("server.auth.hmac.compare_digest", spy)
     keys = ApiKeys(["k1", "k2"])
     assert keys.check([b"k1"]) and not keys.check([b"nope"]) and not keys.check([])
     # every key is compared, whichever matches
@@ -142,8 +159,21 @@ def test_auth_presented_keys_reads_both_headers() -> None:
 
 
 def test_config_deploy_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = load_config(["--api-key-file", "/k", "--protect-health", "--shutdown-timeout", "7",
-                       "--certfile", "c.pem", "--keyfile", "k.pem", "--trace", "t.jsonl"])
+    cfg = load_config(
+        [
+            "--api-key-file",
+            "/k",
+            "--protect-health",
+            "--shutdown-timeout",
+            "7",
+            "--certfile",
+            "c.pem",
+            "--keyfile",
+            "k.pem",
+            "--trace",
+            "t.jsonl",
+        ]
+    )
     assert (cfg.api_key_file, cfg.protect_health, cfg.shutdown_timeout_s) == ("/k", True, 7.0)
     assert (cfg.certfile, cfg.keyfile, cfg.trace) == ("c.pem", "k.pem", "t.jsonl")
     for bad in (["--certfile", "c.pem"], ["--api-key", ""], ["--shutdown-timeout-s", "-1"]):

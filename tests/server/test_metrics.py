@@ -17,7 +17,7 @@ from engine.errors import ServeError
 from engine.types import Delta, Finished, Request
 from server.app import App
 from server.config import Config
-from server.metrics import Metrics, MetricsEndpoint, route_label, running_and_waiting
+from server.metrics import ChoiceDone, Metrics, MetricsEndpoint, RequestDone, route_label, running_and_waiting
 from server.observe import RequestObserver, TraceWriter, record_of
 from server.shutdown import Drain
 from server.writer import stream_sse
@@ -50,7 +50,7 @@ def generating_app(engine: Engine, max_tokens: int = 50) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await receive()  # the body, as App reads it before it parses and submits
         request = Request(id="req-1", prompt_tokens=(5, 6, 7), max_tokens=max_tokens)
-        stream = record_of(scope).track(engine.submit([request]))
+        stream: Any = record_of(scope).track(engine.submit([request]))  # the writer's duck
         await stream_sse(receive, send, stream, Frames(), 15.0)
 
     return app
@@ -108,8 +108,12 @@ def test_metrics_client_disconnect_counts_as_abort() -> None:
         engine.start()
         await engine.wait_ready()
         metrics = Metrics()
-        await call(RequestObserver(generating_app(engine, 400), metrics), "POST", "/v1/completions",
-                   disconnect_after_chunks=3)
+        await call(
+            RequestObserver(generating_app(engine, 400), metrics),
+            "POST",
+            "/v1/completions",
+            disconnect_after_chunks=3,
+        )
         await wait_until(lambda: engine.counters.requests_aborted == 1)
         return await scrape(metrics, engine)
 
@@ -140,7 +144,7 @@ def test_metrics_running_gauge_during_a_stream() -> None:
 
 
 def test_drain_ends_open_stream_with_error_frame_and_aborts_engine() -> None:
-    engine, runners = fake_engine([f"t{i} " for i in range(500)], step_s=0.01)
+    engine, _ = fake_engine([f"t{i} " for i in range(500)], step_s=0.01)
 
     async def go() -> Any:
         engine.start()
@@ -210,11 +214,17 @@ def test_metrics_engine_numbers_when_reported() -> None:
         state = EngineState.READY
 
         async def stats(self) -> dict[str, Any]:
-            return {"num_requests_running": 3, "num_requests_waiting": 2, "kv_cache_usage_perc": 0.25,
-                    "restarts": 1, "spec_decode_num_accepted_tokens": 40, "spec_decode_num_draft_tokens": 60}
+            return {
+                "num_requests_running": 3,
+                "num_requests_waiting": 2,
+                "kv_cache_usage_perc": 0.25,
+                "restarts": 1,
+                "spec_decode_num_accepted_tokens": 40,
+                "spec_decode_num_draft_tokens": 60,
+            }
 
     async def go() -> dict[str, float]:
-        r = await call(MetricsEndpoint(_never, Metrics(), Reporting()), "GET", "/metrics")  # type: ignore[arg-type]
+        r = await call(MetricsEndpoint(_never, Metrics(), Reporting()), "GET", "/metrics")
         return samples(r.body.decode())
 
     m = asyncio.run(go())
@@ -254,13 +264,42 @@ def test_request_log_line_and_trace(tmp_path: Path, caplog: pytest.LogCaptureFix
     lines = [r.getMessage() for r in caplog.records if r.name == "mlx_serve.access"]
     assert len(lines) == 1  # /health is logged at DEBUG only
     line = lines[0]
-    for part in ("request id=req-1 ", "route=/v1/chat/completions", "status=200", "finish=stop",
-                 "prompt_tokens=3", "completion_tokens=3", "ttft_ms=", "duration_ms="):
+    for part in (
+        "request id=req-1 ",
+        "route=/v1/chat/completions",
+        "status=200",
+        "finish=stop",
+        "prompt_tokens=3",
+        "completion_tokens=3",
+        "ttft_ms=",
+        "duration_ms=",
+    ):
         assert part in line, line
     traced = [orjson.loads(x) for x in trace_path.read_bytes().splitlines()]
     assert len(traced) == 1
     t = traced[0]
     assert t["id"] == "req-1" and t["status"] == 200 and t["outcome"] == "stop"
     p = t["phases_s"]
-    assert 0 <= p["body_read"] <= p["submitted"] <= p["first_token"] <= p["last_token"] <= p["last_write"] <= p["end"]
+    assert (
+        0
+        <= p["body_read"]
+        <= p["submitted"]
+        <= p["first_token"]
+        <= p["last_token"]
+        <= p["last_write"]
+        <= p["end"]
+    )
     assert t["completion_tokens"] == 3 and t["inter_token_s"]["n"] == 1
+
+
+def test_metrics_summary_for_stats_json() -> None:
+    metrics = Metrics()
+    choice = ChoiceDone("length", 4, 0.25, (0.1, 0.3, 0.2))
+    metrics.observe(RequestDone("/v1/completions", "POST", 200, 1.5, 10, 6, (choice,)))
+    metrics.observe(RequestDone("/v1/models", "GET", 401, 0.001))
+    s = metrics.summary()
+    assert s["http_requests"] == {"/v1/completions POST 200": 1.0, "/v1/models GET 401": 1.0}
+    assert s["finished"] == {"length": 1.0}
+    assert (s["prompt_tokens"], s["generation_tokens"], s["prefix_cache_hits"]) == (10, 4, 6)
+    assert s["ttft_s"] == {"count": 1, "mean": 0.25} and s["inter_token_s"]["count"] == 3
+    assert s["e2e_s"] == {"count": 1, "mean": 1.5}

@@ -1,0 +1,120 @@
+"""Direct mlx-lm baseline, run as its own process so its memory never mixes with a server's.
+
+    python -m bench.direct --model DIR --prompts prompts.json --max-tokens 128 --runs 3 --out out.json
+
+Loads the model with `mlx_lm.load`, applies the chat template to each prompt's messages, and
+times `stream_generate` (greedy): warm-up runs first, then timed runs, one prompt each in turn.
+Also records the machine: platform, CPU count, MLX device and the BLAS libraries mapped in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+
+@dataclass(frozen=True, slots=True)
+class DirectRun:
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    ttft_s: float
+    total_s: float
+    peak_memory_gb: float
+
+
+def machine_info() -> dict[str, object]:
+    """Where this ran: platform, CPUs, MLX device and versions, BLAS libraries in this process."""
+    import mlx.core as mx
+
+    from bench.servers import loaded_blas_libs
+
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "mlx_device": str(mx.default_device()),
+        "mlx_version": version("mlx"),
+        "mlx_lm_version": version("mlx-lm"),
+        "blas_libs": loaded_blas_libs(os.getpid()),
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+    }
+
+
+def timed_run(model: Any, tokenizer: TokenizerWrapper, prompt: list[int], max_tokens: int) -> DirectRun:
+    from mlx_lm import stream_generate
+
+    start = time.perf_counter()
+    first: float | None = None
+    last = None
+    for response in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens):
+        first = first or time.perf_counter()
+        last = response
+    if last is None or first is None:
+        raise RuntimeError("stream_generate produced nothing")
+    return DirectRun(
+        prompt_tokens=last.prompt_tokens,
+        prompt_tps=last.prompt_tps,
+        generation_tokens=last.generation_tokens,
+        generation_tps=last.generation_tps,
+        ttft_s=first - start,
+        total_s=time.perf_counter() - start,
+        peak_memory_gb=last.peak_memory,
+    )
+
+
+def run_direct(
+    model_dir: Path, prompts: list[list[dict[str, str]]], max_tokens: int, runs: int, warmup: int
+) -> dict[str, Any]:
+    from mlx_lm import load
+
+    start = time.perf_counter()
+    model, tokenizer = load(str(model_dir))[:2]
+    load_s = time.perf_counter() - start
+    token_lists = [
+        list(tokenizer.apply_chat_template(m, add_generation_prompt=True))  # type: ignore[no-untyped-call]
+        for m in prompts
+    ]
+    for i in range(warmup):
+        timed_run(model, tokenizer, token_lists[i % len(token_lists)], max_tokens)
+    results = [
+        timed_run(model, tokenizer, token_lists[(warmup + i) % len(token_lists)], max_tokens)
+        for i in range(runs)
+    ]
+    return {"load_s": load_s, "runs": [asdict(r) for r in results]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--prompts", type=Path, help="JSON list of chat message lists")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--warmup-runs", type=int, default=1)
+    parser.add_argument("--info-only", action="store_true", help="only report the machine")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = {"machine": machine_info()}
+    if not args.info_only:
+        prompts = json.loads(args.prompts.read_text())
+        result |= run_direct(args.model, prompts, args.max_tokens, args.runs, args.warmup_runs)
+        result["machine"] = machine_info()  # BLAS libraries are mapped once MLX has run
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
