@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -12,7 +13,7 @@ from typing import Any, Protocol
 from engine.errors import EngineFailed, ServeError
 from engine.scheduler import Scheduler, StepOutput, StepPlan, TokenUpdate
 from engine.stops import StopMatcher
-from engine.types import Counters, Event, Finished, FinishReason, Request, TextDelta, Usage
+from engine.types import Counters, EngineTimings, Event, Finished, FinishReason, Request, TextDelta, Usage
 
 log = logging.getLogger("mlx_serve.engine")
 
@@ -34,6 +35,23 @@ class Ticket:
     request: Request
     emit: Callable[[Event | ServeError], None]
     aborted: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(slots=True)
+class Clock:
+    """One sequence's engine-side timestamps (perf_counter seconds)."""
+
+    accepted: float
+    admitted: float | None = None
+    first_token: float | None = None
+    chunks: list[tuple[int, float]] = field(default_factory=list)
+
+    def timings(self, now: float) -> EngineTimings:
+        def since(t: float | None) -> float | None:
+            return None if t is None else round(t - self.accepted, 6)
+
+        return EngineTimings(since(self.admitted) or 0.0, tuple(self.chunks),
+                             since(self.first_token), round(now - self.accepted, 6))
 
 
 @dataclass(slots=True)
@@ -64,6 +82,7 @@ class Core:
         self.prefix_cache = prefix_cache
         self.tickets: dict[str, Ticket] = {}
         self.texts: dict[str, RowText] = {}
+        self.clocks: dict[str, Clock] = {}
         self._prefixes: dict[str, tuple[list[Any] | None, int]] = {}
         self.memory_plan: Any = None  # the admission plan this core was sized by, if any
         scheduler.cached_prefix = self._lookup_prefix
@@ -104,6 +123,7 @@ class Core:
             ticket.emit(exc)
             return
         self.tickets[ticket.request.id] = ticket
+        self.clocks[ticket.request.id] = Clock(time.perf_counter())
 
     def _reap_aborted(self) -> None:
         for seq_id in [s for s, t in self.tickets.items() if t.aborted.is_set()]:
@@ -119,14 +139,21 @@ class Core:
             self._fail_all(EngineFailed(f"generation failed: {type(exc).__name__}: {exc}"))
 
     def _step(self) -> None:
+        started = time.perf_counter()
         plan = self.scheduler.schedule()
         for seq_id in plan.admitted:
-            self._start(seq_id)
+            self._start(seq_id, started)
         out = self.runner.step(plan)
+        took = round(time.perf_counter() - started, 6)
+        for chunk in plan.prefill:
+            if (clock := self.clocks.get(chunk.seq_id)) is not None:
+                clock.chunks.append((chunk.end - chunk.start, took))
         for update in self.scheduler.update(plan, out):
             self._deliver(update)
 
-    def _start(self, seq_id: str) -> None:
+    def _start(self, seq_id: str, now: float) -> None:
+        if (clock := self.clocks.get(seq_id)) is not None:
+            clock.admitted = now
         seq = self.scheduler.get(seq_id)
         assert seq is not None
         cache, _ = self._prefixes.pop(seq_id, (None, 0))
@@ -141,6 +168,9 @@ class Core:
         if ticket is None or text is None:
             return
         self.counters.generated_tokens += 1
+        clock = self.clocks.get(u.seq_id)
+        if clock is not None and clock.first_token is None:
+            clock.first_token = time.perf_counter()
         piece = "" if u.finish is FinishReason.STOP else text.add(u.token)
         if piece:
             ticket.emit(TextDelta(piece, (u.token,)))
@@ -154,11 +184,13 @@ class Core:
         reason = FinishReason.STOP if text.stops.matched is not None else u.finish
         assert reason is not None
         usage = Usage(len(ticket.request.prompt_tokens), u.num_generated, u.num_cached)
-        ticket.emit(Finished(reason, usage, text.stops.matched))
+        timings = clock.timings(time.perf_counter()) if clock is not None else None
+        ticket.emit(Finished(reason, usage, text.stops.matched, timings))
         self.counters.requests_finished += 1
         self._drop(u.seq_id)
 
     def _drop(self, seq_id: str) -> None:
+        self.clocks.pop(seq_id, None)
         self.tickets.pop(seq_id, None)
         self.texts.pop(seq_id, None)
 

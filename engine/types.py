@@ -93,10 +93,21 @@ class ToolCallArgsDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineTimings:
+    """Where one request's time went inside the engine, in seconds from its arrival there."""
+
+    admitted_s: float  # waiting for a batch slot (admission wait)
+    prefill_chunks: tuple[tuple[int, float], ...]  # (prompt tokens, seconds of that step)
+    first_token_s: float | None
+    finished_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
+    timings: EngineTimings | None = None
 
 
 Delta = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta

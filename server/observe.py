@@ -18,7 +18,7 @@ from typing import IO, Any
 import orjson
 
 from engine.errors import EngineUnavailable, ServeError
-from engine.types import Finished, Usage
+from engine.types import EngineTimings, Finished, Usage
 from server.metrics import ChoiceDone, Metrics, RequestDone, route_label
 from server.shutdown import Drain
 from server.types import ASGIApp, Message, Receive, Scope, Send
@@ -38,6 +38,7 @@ class ChoiceTimes:
     deltas: int = 0
     finished_reason: str | None = None
     usage: Usage | None = None
+    engine: EngineTimings | None = None
 
     def delta(self, now: float) -> None:
         if self.first_token is None:
@@ -93,7 +94,7 @@ class RequestRecord:
     def event(self, index: int, ev: Any) -> None:
         choice = self.choices.setdefault(index, ChoiceTimes())
         if isinstance(ev, Finished):
-            choice.finished_reason, choice.usage = ev.reason.value, ev.usage
+            choice.finished_reason, choice.usage, choice.engine = ev.reason.value, ev.usage, ev.timings
         else:
             choice.delta(time.perf_counter())
 
@@ -215,12 +216,21 @@ def trace_line(record: RequestRecord, done: RequestDone) -> dict[str, Any]:
         "cached_tokens": done.cached_tokens,
         "completion_tokens": sum(c.completion_tokens for c in done.choices),
         "choices": len(done.choices),
+        "engine_s": [_engine_phases(c.engine) for _, c in sorted(record.choices.items())],
         "inter_token_s": {
             "n": len(gaps),
             "mean": round(sum(gaps) / len(gaps), 6) if gaps else None,
             "max": round(max(gaps), 6) if gaps else None,
         },
     }
+
+
+def _engine_phases(t: EngineTimings | None) -> dict[str, Any] | None:
+    """Admission wait, prefill chunks, first token and finish, from the engine's own clock."""
+    if t is None:
+        return None
+    return {"admission_wait": t.admitted_s, "prefill_chunks": [list(c) for c in t.prefill_chunks],
+            "first_token": t.first_token_s, "finished": t.finished_s}
 
 
 def outcome_of(done: RequestDone) -> str:

@@ -103,6 +103,9 @@ def test_trace_and_log_line_per_request(server: ServerProcess, folder: Path) -> 
     assert (
         p["body_read"] <= p["submitted"] <= p["first_token"] <= p["last_token"] <= p["last_write"] <= p["end"]
     )
+    engine = t["engine_s"][0]  # admission wait, prefill chunks and first token, from the engine
+    assert 0 <= engine["admission_wait"] <= engine["first_token"] <= engine["finished"]
+    assert sum(n for n, _ in engine["prefill_chunks"]) >= 1 and all(s > 0 for _, s in engine["prefill_chunks"])
     logged = [ln for ln in server.log().splitlines() if f"request id={r.id} " in ln]
     assert len(logged) == 1 and "status=200" in logged[0] and "completion_tokens=4" in logged[0]
     assert "ttft_ms=" in logged[0] and "duration_ms=" in logged[0]

@@ -7,12 +7,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.core import Core, Ticket
 from engine.errors import EngineFailed, QueueFull, ServeError
 from engine.scheduler import Scheduler, SchedulerConfig
-from engine.types import Counters, Event, Finished, FinishReason, Request, TextDelta, Usage
+from engine.types import Counters, EngineTimings, Event, Finished, FinishReason, Request, TextDelta, Usage
 from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
 
 TIMEOUT_S = 5.0
@@ -25,6 +25,7 @@ class Client:
     request: Request
     events: queue.Queue[Event | ServeError] = field(default_factory=queue.Queue)
     ticket: Ticket = field(init=False)
+    timings: EngineTimings | None = None
 
     def __post_init__(self) -> None:
         self.ticket = Ticket(self.request, self.events.put)
@@ -37,6 +38,9 @@ class Client:
         while not isinstance(ev := self.next(), Finished | ServeError):
             assert isinstance(ev, TextDelta)
             text += ev.text
+        if isinstance(ev, Finished):
+            self.timings = ev.timings
+            return text, replace(ev, timings=None)  # timings are checked on their own
         return text, ev
 
 
@@ -91,10 +95,14 @@ def idle(h: Harness) -> bool:
 def test_core_streams_pieces_then_finishes_on_eos() -> None:
     h = make(ScriptedRunner(["He", "llo", "!"]))
     with serving(h):
-        text, end = h.submit(req("a")).until_end()
+        client = h.submit(req("a"))
+        text, end = client.until_end()
         wait_until(lambda: idle(h))
     assert text == "Hello!"
     assert end == Finished(FinishReason.STOP, Usage(3, 4, 0))  # three pieces, then EOS
+    t = client.timings  # the trace's engine phases: admission wait, one prefill chunk, first token
+    assert t is not None and len(t.prefill_chunks) == 1 and t.prefill_chunks[0][0] == 3
+    assert t.first_token_s is not None and 0 <= t.admitted_s <= t.first_token_s <= t.finished_s
     assert h.runner.steps_taken == [4]
     assert (h.core.counters.requests_started, h.core.counters.requests_finished) == (1, 1)
     assert not h.core.tickets and not h.core.texts
