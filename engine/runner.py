@@ -14,7 +14,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch, StopSequences, generation_stream
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from engine.prefix_cache import PrefixCache
@@ -23,6 +23,26 @@ from engine.scheduler import StepOutput, StepPlan
 from engine.types import Request
 
 NO_LIMIT = 1 << 40  # the scheduler decides when a row ends, not mlx-lm
+
+
+def _lone_row_mask(original: Any) -> Any:
+    """A batch of one row has no padding, so its one new query attends to every key.
+
+    mlx-lm's single-stream path passes no mask at all then; the batch cache builds a padding
+    mask every step anyway. Skipping it gives a lone request the single-stream decode path.
+    """
+
+    def make_mask(self: Any, N: int, return_array: bool = False, **kwargs: Any) -> Any:
+        if N == 1 and not return_array and self.left_padding.shape[0] == 1:
+            return None
+        return original(self, N, return_array=return_array, **kwargs)
+
+    return make_mask
+
+
+if not getattr(BatchKVCache.make_mask, "_mlx_serve", False):
+    BatchKVCache.make_mask = _lone_row_mask(BatchKVCache.make_mask)
+    BatchKVCache.make_mask._mlx_serve = True  # type: ignore[attr-defined]
 
 
 class BatchRunner:
