@@ -112,6 +112,15 @@ class Core:
             self._reap_aborted()
             if self.scheduler.has_work:
                 self._step_guarded()
+            self._gauge()
+
+    def _gauge(self) -> None:
+        sched, c = self.scheduler, self.counters
+        c.num_requests_running, c.num_requests_waiting = sched.num_active, len(sched.waiting)
+        cap = sched.config.kv_capacity_tokens
+        if cap:
+            held = sum(s.num_computed + s.num_generated for s in (*sched.prefilling, *sched.decoding))
+            c.kv_cache_usage_perc = round(held / cap, 6)
 
     def _accept(self, ticket: Ticket) -> None:
         if ticket.aborted.is_set():

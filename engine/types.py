@@ -129,3 +129,6 @@ class Counters:
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually computed (the rest came from the prefix cache)
     generated_tokens: int = 0
+    num_requests_running: int = 0  # gauges, refreshed every engine step
+    num_requests_waiting: int = 0
+    kv_cache_usage_perc: float = 0.0  # KV tokens held / the admission plan's KV capacity

@@ -184,3 +184,17 @@ def test_core_runner_fault_fails_every_in_flight_ticket_and_serves_the_next() ->
         assert error.message == "generation failed: RuntimeError: simulated engine fault"
     assert h.core.counters.requests_failed == 2
     assert (text, end) == ("abcd", Finished(FinishReason.STOP, Usage(3, 5, 0)))
+
+
+def test_core_gauges_running_waiting_and_kv_usage() -> None:
+    h = make(ScriptedRunner([f"t{i}" for i in range(50)], step_s=0.01), max_running=1)
+    h.scheduler.config.kv_capacity_tokens = 1000
+    with serving(h):
+        first, second = h.submit(req("a", max_tokens=40)), h.submit(req("b", max_tokens=40))
+        wait_until(lambda: h.core.counters.num_requests_waiting == 1 and h.core.counters.generated_tokens > 2)
+        c = h.core.counters
+        assert c.num_requests_running == 1 and 0 < c.kv_cache_usage_perc < 0.05
+        first.until_end()
+        second.until_end()
+        wait_until(lambda: idle(h) and h.core.counters.num_requests_running == 0)
+    assert h.core.counters.num_requests_waiting == 0 and h.core.counters.kv_cache_usage_perc == 0
