@@ -13,7 +13,18 @@ from typing import Any, Protocol
 from engine.errors import EngineFailed, ServeError
 from engine.scheduler import Scheduler, StepOutput, StepPlan, TokenUpdate
 from engine.stops import StopMatcher
-from engine.types import Counters, EngineTimings, Event, Finished, FinishReason, Request, TextDelta, Usage
+from engine.tool_calls import ToolCallSplitter, tool_format_for
+from engine.types import (
+    Counters,
+    Delta,
+    EngineTimings,
+    Event,
+    Finished,
+    FinishReason,
+    Request,
+    TextDelta,
+    Usage,
+)
 
 log = logging.getLogger("mlx_serve.engine")
 
@@ -56,18 +67,30 @@ class Clock:
 
 @dataclass(slots=True)
 class RowText:
-    """Token ids to client text for one sequence: UTF-8-safe detokenizing, then stop strings."""
+    """Token ids to client deltas for one sequence: UTF-8-safe detokenizing, stop strings,
+    then tool-call markup split out of the text when the request offered tools."""
 
     detokenizer: Any
     stops: StopMatcher
+    tools: ToolCallSplitter | None = None
 
-    def add(self, token: int) -> str:
+    def add(self, token: int) -> list[Delta]:
         self.detokenizer.add_token(token)
-        return self.stops.feed(self.detokenizer.last_segment)
+        return self._split(self.stops.feed(self.detokenizer.last_segment), (token,))
 
-    def close(self) -> str:
+    def close(self) -> list[Delta]:
         self.detokenizer.finalize()
-        return self.stops.feed(self.detokenizer.last_segment) + self.stops.flush()
+        out = self._split(self.stops.feed(self.detokenizer.last_segment) + self.stops.flush())
+        return out + (self.tools.close() if self.tools is not None else [])
+
+    def _split(self, text: str, token_ids: tuple[int, ...] = ()) -> list[Delta]:
+        if self.tools is not None:
+            return self.tools.feed(text)
+        return [TextDelta(text, token_ids)] if text else []
+
+    @property
+    def called_tools(self) -> bool:
+        return self.tools is not None and self.tools.calls > 0
 
 
 class Core:
@@ -83,6 +106,7 @@ class Core:
         self.tickets: dict[str, Ticket] = {}
         self.texts: dict[str, RowText] = {}
         self.clocks: dict[str, Clock] = {}
+        self.tool_format = tool_format_for(tokenizer)
         self._prefixes: dict[str, tuple[list[Any] | None, int]] = {}
         self.memory_plan: Any = None  # the admission plan this core was sized by, if any
         scheduler.cached_prefix = self._lookup_prefix
@@ -167,7 +191,9 @@ class Core:
         assert seq is not None
         cache, _ = self._prefixes.pop(seq_id, (None, 0))
         self.runner.admit(seq.request, cache, seq.num_cached)
-        self.texts[seq_id] = RowText(self.tokenizer.detokenizer, StopMatcher(seq.request.stop))
+        tools = seq.request.tools
+        splitter = ToolCallSplitter(self.tool_format, tools) if tools else None
+        self.texts[seq_id] = RowText(self.tokenizer.detokenizer, StopMatcher(seq.request.stop), splitter)
         self.counters.requests_started += 1
         self.counters.prompt_tokens += seq.prompt_len
         self.counters.prefill_tokens += seq.prompt_len - seq.num_cached
@@ -180,18 +206,19 @@ class Core:
         clock = self.clocks.get(u.seq_id)
         if clock is not None and clock.first_token is None:
             clock.first_token = time.perf_counter()
-        piece = "" if u.finish is FinishReason.STOP else text.add(u.token)
-        if piece:
-            ticket.emit(TextDelta(piece, (u.token,)))
+        if u.finish is not FinishReason.STOP:  # an EOS token has no text
+            for delta in text.add(u.token):
+                ticket.emit(delta)
         if u.finish is None and text.stops.matched is None:
             return
         if u.finish is None:
             self.scheduler.finish(u.seq_id)
-        tail = text.close()
-        if tail:
-            ticket.emit(TextDelta(tail))
+        for delta in text.close():
+            ticket.emit(delta)
         reason = FinishReason.STOP if text.stops.matched is not None else u.finish
         assert reason is not None
+        if reason is FinishReason.STOP and text.called_tools:
+            reason = FinishReason.TOOL_CALLS
         usage = Usage(len(ticket.request.prompt_tokens), u.num_generated, u.num_cached)
         timings = clock.timings(time.perf_counter()) if clock is not None else None
         ticket.emit(Finished(reason, usage, text.stops.matched, timings))

@@ -27,7 +27,7 @@ class StopMatcher:
         if which is not None:
             self.matched, self._held = which, ""
             return buf[:cut]
-        keep = _partial_suffix_len(buf, self.stops)
+        keep = partial_suffix_len(buf, self.stops)
         self._held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
 
@@ -46,8 +46,8 @@ def _first_stop(buf: str, stops: tuple[str, ...]) -> tuple[int, str | None]:
     return best, which
 
 
-def _partial_suffix_len(buf: str, stops: tuple[str, ...]) -> int:
-    # Longest suffix of buf that is a proper prefix of some stop string.
+def partial_suffix_len(buf: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of buf that is a proper prefix of one of `stops`."""
     longest = 0
     for s in stops:
         for n in range(min(len(s) - 1, len(buf)), longest, -1):

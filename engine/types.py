@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,8 @@ class Request:
     # which wait (`after`) until it is decoding, so one prefill serves them all.
     share_prompt: bool = False
     after: str | None = None
+    # The tools offered (OpenAI function schemas): their calls are parsed out of the text.
+    tools: tuple[dict[str, Any], ...] | None = None
 
 
 class FinishReason(enum.Enum):

@@ -223,6 +223,7 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> MessagesJob:
         sampling=conv.sampling(ctx, req.temperature, req.top_p, req.top_k),
         max_tokens=req.max_tokens,
         stop=tuple(req.stop_sequences or ()),
+        tools=offered_tools(req),
     )
     return MessagesJob(request, stream=bool(req.stream), model=req.model,
                        show_thinking=_display(req.thinking) != "omitted")
@@ -237,13 +238,19 @@ def count_tokens(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
     return 200, orjson.dumps({"input_tokens": len(ids)})
 
 
+def offered_tools(req: PromptBody) -> tuple[dict[str, Any], ...] | None:
+    """The tools the model may call (none with tool_choice none), as the template sees them."""
+    tools = None if isinstance(req.tool_choice, ToolChoiceNone) else _template_tools(req.tools)
+    return tuple(tools) if tools else None
+
+
 def render(req: PromptBody, ctx: ProtocolContext) -> list[int]:
     """The prompt token ids of a request, after refusing what we cannot honour."""
     _check_supported(req)
     messages = template_messages(req)
-    tools = None if isinstance(req.tool_choice, ToolChoiceNone) else _template_tools(req.tools)
+    tools = offered_tools(req)
     kwargs = conv.thinking_kwargs(_thinking_enabled(req.thinking))
-    return conv.render_prompt(ctx, messages, tools, kwargs, "messages")
+    return conv.render_prompt(ctx, messages, list(tools) if tools else None, kwargs, "messages")
 
 
 def _check_supported(req: PromptBody) -> None:

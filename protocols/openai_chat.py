@@ -13,7 +13,7 @@ import orjson
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from engine.errors import InvalidRequest, ServeError
-from engine.types import Delta, Finished, TextDelta
+from engine.types import Delta, Finished, TextDelta, ToolCallArgsDelta, ToolCallStart
 from protocols import openai_common as common
 from server.types import Job, ProtocolContext, Result
 
@@ -130,7 +130,8 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
         raise InvalidRequest(str(exc), param="messages") from exc
     if not ids:
         raise InvalidRequest("the chat template rendered an empty prompt", param="messages")
-    return common.build_job(req, ids, ctx, ID_PREFIX)
+    offered = tools if req.tool_choice != "none" else None
+    return common.build_job(req, ids, ctx, ID_PREFIX, offered)
 
 
 def _check_chat_supported(req: ChatCompletionBody) -> None:
@@ -212,6 +213,13 @@ class ChatStream(common.ChunkStream):
                         for i in range(self._n))
 
     def delta(self, event: Delta, index: int = 0) -> bytes:
+        if isinstance(event, ToolCallStart):  # the call's id and name come first, arguments after
+            call = {"index": event.index, "id": event.id, "type": "function",
+                    "function": {"name": event.name, "arguments": ""}}
+            return self.frame(_choice({"tool_calls": [call]}, index=index))
+        if isinstance(event, ToolCallArgsDelta):
+            call = {"index": event.index, "function": {"arguments": event.arguments}}
+            return self.frame(_choice({"tool_calls": [call]}, index=index))
         if not isinstance(event, TextDelta) or not event.text:
             return b""
         return self.frame(_choice({"content": event.text}, index=index))
@@ -230,6 +238,11 @@ def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> di
 def _message_choice(index: int, result: Result) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.text, "refusal": None,
                                "annotations": []}
+    if result.tool_calls:
+        message["content"] = result.text or None
+        message["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in result.tool_calls]
     return {"index": index, "message": message, "logprobs": None,
             "finish_reason": result.finish_reason.value}
 

@@ -197,7 +197,7 @@ def include_usage(fields: OpenAIFields) -> bool:
 
 
 def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolContext,
-              id_prefix: str) -> Job:
+              id_prefix: str, tools: list[dict[str, Any]] | None = None) -> Job:
     """The engine request plus the client's delivery choices."""
     request = Request(
         id=f"{id_prefix}-{uuid.uuid4().hex}",
@@ -205,6 +205,7 @@ def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolConte
         sampling=sampling_params(fields, ctx),
         max_tokens=max_tokens(fields, ctx),
         stop=stop_strings(fields.stop),
+        tools=tuple(tools) if tools else None,
     )
     return Job(request, stream=bool(fields.stream), include_usage=include_usage(fields),
                model=fields.model or ctx.model_id, n=fields.n or 1)

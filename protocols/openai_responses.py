@@ -617,12 +617,14 @@ class OpenAIResponses:
             raise InvalidRequest("`input` is required", param="input")
         messages = template_messages(req.instructions, history + new_input, len(history))
         kwargs = conv.thinking_kwargs(_thinking(req.reasoning))
-        ids = conv.render_prompt(ctx, messages, _template_tools(req), kwargs, "input")
+        tools = _template_tools(req)
+        ids = conv.render_prompt(ctx, messages, tools, kwargs, "input")
         request = Request(
             id=conv.new_id(ID_PREFIX),
             prompt_tokens=tuple(ids),
             sampling=conv.sampling(ctx, req.temperature, req.top_p, req.top_k, req.min_p),
             max_tokens=req.max_output_tokens or ctx.defaults.max_tokens,
+            tools=tuple(tools) if tools else None,
         )
         return ResponsesJob(request, stream=bool(req.stream), model=req.model or ctx.model_id,
                             echo=_echo(req, request), history=history, new_input=new_input,

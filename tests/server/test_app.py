@@ -278,3 +278,60 @@ def test_app_full_queue_is_429_with_retry_after_before_any_stream() -> None:
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     assert all(r.sse_data()[-1] == "[DONE]" for r in done)
     assert after.status == 200 and engine.gate.inflight == 0
+
+
+TOOL_PIECES = ["Sure. ", "<tool", "_call>", '{"name": "get_weather", ', '"arguments": {"city": "Paris"}}',
+               "</tool_call>"]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def test_app_tool_calls_in_openai_json_and_stream() -> None:
+    import openai
+
+    engine, _ = fake_engine(TOOL_PIECES)
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER], "max_tokens": 50}
+
+    async def go() -> tuple[Any, Any, Any]:
+        app = await ready(started(engine))
+        whole = await call(app, "POST", "/v1/chat/completions", orjson.dumps(body))
+        streamed = await call(app, "POST", "/v1/chat/completions", orjson.dumps({**body, "stream": True}))
+        untooled = await call(app, "POST", "/v1/chat/completions", orjson.dumps({**body, "tool_choice": "none"}))
+        return whole, streamed, untooled
+
+    whole, streamed, untooled = run(go())
+    msg = openai.types.chat.ChatCompletion.model_validate(whole.json()).choices[0]
+    assert msg.finish_reason == "tool_calls" and msg.message.content == "Sure. "
+    call_ = msg.message.tool_calls[0]  # type: ignore[index]
+    assert call_.function.name == "get_weather" and orjson.loads(call_.function.arguments) == {"city": "Paris"}
+    chunks = [openai.types.chat.ChatCompletionChunk.model_validate(orjson.loads(d))
+              for d in streamed.sse_data()[:-1]]
+    deltas = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert (deltas[0].id or "").startswith("call_") and deltas[0].function.name == "get_weather"  # type: ignore[union-attr]
+    assert orjson.loads("".join(d.function.arguments or "" for d in deltas)) == {"city": "Paris"}  # type: ignore[union-attr]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert "<tool_call>" not in "".join(c.choices[0].delta.content or "" for c in chunks)
+    plain = untooled.json()["choices"][0]
+    assert plain["finish_reason"] == "stop" and "<tool_call>" in plain["message"]["content"]
+
+
+def test_app_tool_calls_in_anthropic_and_responses() -> None:
+    engine, _ = fake_engine(TOOL_PIECES)
+    tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+    messages = {"model": "m", "max_tokens": 50, "tools": [tool],
+                "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+    responses = {"model": "m", "input": "Weather in Paris?", "tools": [
+        {"type": "function", "name": "get_weather", "parameters": tool["input_schema"]}]}
+
+    async def go() -> tuple[Any, Any]:
+        app = await ready(started(engine))
+        return (await call(app, "POST", "/v1/messages", orjson.dumps(messages)),
+                await call(app, "POST", "/v1/responses", orjson.dumps(responses)))
+
+    msg, resp = run(go())
+    m = msg.json()
+    assert m["stop_reason"] == "tool_use"
+    use = [b for b in m["content"] if b["type"] == "tool_use"][0]
+    assert use["name"] == "get_weather" and use["input"] == {"city": "Paris"} and use["id"].startswith("toolu_")
+    items = [i for i in resp.json()["output"] if i["type"] == "function_call"]
+    assert items[0]["name"] == "get_weather" and orjson.loads(items[0]["arguments"]) == {"city": "Paris"}
