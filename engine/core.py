@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from engine.errors import EngineFailed, ServeError
 from engine.scheduler import Scheduler, StepOutput, StepPlan, TokenUpdate
+from engine.reasoning import ReasoningSplitter, reasoning_splitter
 from engine.stops import StopMatcher
 from engine.tool_calls import ToolCallSplitter, tool_format_for
 from engine.types import (
@@ -73,6 +74,7 @@ class RowText:
     detokenizer: Any
     stops: StopMatcher
     tools: ToolCallSplitter | None = None
+    reasoning: ReasoningSplitter | None = None
 
     def add(self, token: int) -> list[Delta]:
         self.detokenizer.add_token(token)
@@ -81,12 +83,22 @@ class RowText:
     def close(self) -> list[Delta]:
         self.detokenizer.finalize()
         out = self._split(self.stops.feed(self.detokenizer.last_segment) + self.stops.flush())
+        if self.reasoning is not None:
+            out += self._answer(self.reasoning.close())
         return out + (self.tools.close() if self.tools is not None else [])
 
     def _split(self, text: str, token_ids: tuple[int, ...] = ()) -> list[Delta]:
+        if self.reasoning is not None:
+            return self._answer(self.reasoning.feed(text))
         if self.tools is not None:
             return self.tools.feed(text)
         return [TextDelta(text, token_ids)] if text else []
+
+    def _answer(self, parts: list[Delta]) -> list[Delta]:
+        # Tool calls live in the answer, not in the reasoning.
+        if self.tools is None:
+            return parts
+        return [d for p in parts for d in (self.tools.feed(p.text) if isinstance(p, TextDelta) else [p])]
 
     @property
     def called_tools(self) -> bool:
@@ -193,7 +205,8 @@ class Core:
         self.runner.admit(seq.request, cache, seq.num_cached)
         tools = seq.request.tools
         splitter = ToolCallSplitter(self.tool_format, tools) if tools else None
-        self.texts[seq_id] = RowText(self.tokenizer.detokenizer, StopMatcher(seq.request.stop), splitter)
+        self.texts[seq_id] = RowText(self.tokenizer.detokenizer, StopMatcher(seq.request.stop), splitter,
+                                     reasoning_splitter(self.tokenizer, seq.request.prompt_tokens))
         self.counters.requests_started += 1
         self.counters.prompt_tokens += seq.prompt_len
         self.counters.prefill_tokens += seq.prompt_len - seq.num_cached

@@ -13,7 +13,7 @@ import orjson
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from engine.errors import InvalidRequest, ServeError
-from engine.types import Delta, Finished, TextDelta, ToolCallArgsDelta, ToolCallStart
+from engine.types import Delta, Finished, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from protocols import openai_common as common
 from server.types import Job, ProtocolContext, Result
 
@@ -217,6 +217,9 @@ class ChatStream(common.ChunkStream):
             call = {"index": event.index, "id": event.id, "type": "function",
                     "function": {"name": event.name, "arguments": ""}}
             return self.frame(_choice({"tool_calls": [call]}, index=index))
+        if isinstance(event, ReasoningDelta):  # both names clients read reasoning under
+            return self.frame(_choice({"reasoning": event.text, "reasoning_content": event.text},
+                                      index=index))
         if isinstance(event, ToolCallArgsDelta):
             call = {"index": event.index, "function": {"arguments": event.arguments}}
             return self.frame(_choice({"tool_calls": [call]}, index=index))
@@ -238,6 +241,8 @@ def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> di
 def _message_choice(index: int, result: Result) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.text, "refusal": None,
                                "annotations": []}
+    if result.reasoning:
+        message["reasoning"] = message["reasoning_content"] = result.reasoning
     if result.tool_calls:
         message["content"] = result.text or None
         message["tool_calls"] = [{"id": c.id, "type": "function",

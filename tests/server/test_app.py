@@ -335,3 +335,24 @@ def test_app_tool_calls_in_anthropic_and_responses() -> None:
     assert use["name"] == "get_weather" and use["input"] == {"city": "Paris"} and use["id"].startswith("toolu_")
     items = [i for i in resp.json()["output"] if i["type"] == "function_call"]
     assert items[0]["name"] == "get_weather" and orjson.loads(items[0]["arguments"]) == {"city": "Paris"}
+
+
+def test_app_reasoning_kept_apart_from_the_answer() -> None:
+    engine, _ = fake_engine(["<thi", "nk>", "The user", " asks.", "</think>", "Paris."], thinking=True)
+    messages = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "Capital?"}]}
+
+    async def go() -> tuple[Any, Any, Any]:
+        app = await ready(started(engine))
+        return (await call(app, "POST", "/v1/chat/completions", CHAT),
+                await call(app, "POST", "/v1/chat/completions", CHAT_STREAM),
+                await call(app, "POST", "/v1/messages", orjson.dumps(messages)))
+
+    whole, streamed, anthropic = run(go())
+    msg = whole.json()["choices"][0]["message"]
+    assert (msg["reasoning"], msg["reasoning_content"], msg["content"]) == ("The user asks.",) * 2 + ("Paris.",)
+    chunks = [orjson.loads(d) for d in streamed.sse_data()[:-1]]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning", "") for d in deltas) == "The user asks."
+    assert "".join(d.get("content") or "" for d in deltas) == "Paris."
+    blocks = anthropic.json()["content"]
+    assert [b["type"] for b in blocks] == ["thinking", "text"] and blocks[0]["thinking"] == "The user asks."

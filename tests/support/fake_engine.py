@@ -34,9 +34,10 @@ class FakeTokenizer:
 
     has_chat_template = True
 
-    def __init__(self, pieces: list[str]) -> None:
+    def __init__(self, pieces: list[str], thinking: bool = False) -> None:
         self.pieces = pieces
         self.eos_token_ids = {EOS}
+        self.think_start, self.think_end = ("<think>", "</think>") if thinking else (None, None)
 
     def __len__(self) -> int:
         return 1000
@@ -95,7 +96,7 @@ class ScriptedRunner:
 def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | None = None,
                 load_gate: threading.Event | None = None, load_error: str | None = None,
                 max_running: int = 32, max_waiting: int = 64,
-                capacity: int = 1 << 30) -> tuple[Engine, list[ScriptedRunner]]:
+                capacity: int = 1 << 30, thinking: bool = False) -> tuple[Engine, list[ScriptedRunner]]:
     runners: list[ScriptedRunner] = []
 
     def load() -> LoadedModel:
@@ -103,7 +104,8 @@ def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | Non
             load_gate.wait(10)
         if load_error:
             raise RuntimeError(load_error)
-        return LoadedModel(model=None, tokenizer=FakeTokenizer(pieces), model_id="fake-model", path=Path("."))
+        tokenizer = FakeTokenizer(pieces, thinking)
+        return LoadedModel(model=None, tokenizer=tokenizer, model_id="fake-model", path=Path("."))
 
     def make_core(loaded: LoadedModel, counters: Counters) -> Core:
         runners.append(ScriptedRunner(pieces, step_s, fail_after))
