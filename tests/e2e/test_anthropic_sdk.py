@@ -7,7 +7,6 @@ chat endpoint's prompt_tokens).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anthropic
@@ -15,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.server_proc import ServerProcess
+from tests.support.server_proc import ServerProcess, assert_disconnect_stops_generation
 
 QUESTION: Any = [{"role": "user", "content": "What is the capital of France?"}]
 STORY: Any = [{"role": "user", "content": "Write a very long story about a dragon who learns to cook."}]
@@ -150,18 +149,5 @@ def test_errors_use_anthropic_envelope(client: anthropic.Anthropic,
 
 
 def test_disconnect_mid_stream_stops_generation(smollm_server: ServerProcess) -> None:
-    before = smollm_server.stats()
     body = {"model": "m", "messages": STORY, "max_tokens": 2000, "stream": True}
-    with httpx.stream("POST", smollm_server.url + "/v1/messages", json=body, timeout=60) as r:
-        assert r.status_code == 200
-        for n, _ in enumerate(r.iter_lines()):
-            if n >= 12:
-                break
-    deadline = time.monotonic() + 10
-    while smollm_server.stats()["requests_aborted"] == before["requests_aborted"]:
-        assert time.monotonic() < deadline, "engine never saw the disconnect"
-        time.sleep(0.05)
-    settled = smollm_server.stats()["generated_tokens"]
-    time.sleep(0.5)
-    assert smollm_server.stats()["generated_tokens"] == settled
-    assert int(settled) - int(before["generated_tokens"]) < 200  # far from the 2000 asked for
+    assert_disconnect_stops_generation(smollm_server, "/v1/messages", body, 12)

@@ -6,14 +6,13 @@ text and the same usage (input_tokens is the chat endpoint's prompt_tokens).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.support.server_proc import ServerProcess
+from tests.support.server_proc import ServerProcess, assert_disconnect_stops_generation
 
 QUESTION = "What is the capital of France?"
 STORY = "Write a very long story about a dragon who learns to cook."
@@ -169,18 +168,5 @@ def test_errors_use_openai_envelope(client: openai.OpenAI, smollm_server: Server
 
 
 def test_disconnect_mid_stream_stops_generation(smollm_server: ServerProcess) -> None:
-    before = smollm_server.stats()
     body = {"model": "m", "input": STORY, "max_output_tokens": 2000, "stream": True}
-    with httpx.stream("POST", smollm_server.url + "/v1/responses", json=body, timeout=60) as r:
-        assert r.status_code == 200
-        for n, _ in enumerate(r.iter_lines()):
-            if n >= 16:
-                break
-    deadline = time.monotonic() + 10
-    while smollm_server.stats()["requests_aborted"] == before["requests_aborted"]:
-        assert time.monotonic() < deadline, "engine never saw the disconnect"
-        time.sleep(0.05)
-    settled = smollm_server.stats()["generated_tokens"]
-    time.sleep(0.5)
-    assert smollm_server.stats()["generated_tokens"] == settled
-    assert int(settled) - int(before["generated_tokens"]) < 200  # far from the 2000 asked for
+    assert_disconnect_stops_generation(smollm_server, "/v1/responses", body, 16)

@@ -62,3 +62,22 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self._log.close()
+
+
+def assert_disconnect_stops_generation(server: ServerProcess, path: str, body: dict[str, object],
+                                       lines_before_leaving: int) -> None:
+    """Leave a 2000-token stream after a few lines: the engine must stop within a step or so."""
+    before = server.stats()
+    with httpx.stream("POST", server.url + path, json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for n, _ in enumerate(r.iter_lines()):
+            if n >= lines_before_leaving:
+                break
+    deadline = time.monotonic() + 10
+    while server.stats()["requests_aborted"] == before["requests_aborted"]:
+        assert time.monotonic() < deadline, "engine never saw the disconnect"
+        time.sleep(0.05)
+    settled = server.stats()["generated_tokens"]
+    time.sleep(0.5)
+    assert server.stats()["generated_tokens"] == settled
+    assert int(str(settled)) - int(str(before["generated_tokens"])) < 200  # far from the 2000 asked for
