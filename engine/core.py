@@ -24,6 +24,7 @@ from engine.types import (
     FinishReason,
     Request,
     TextDelta,
+    TokenLogprob,
     Usage,
 )
 
@@ -75,17 +76,34 @@ class RowText:
     stops: StopMatcher
     tools: ToolCallSplitter | None = None
     reasoning: ReasoningSplitter | None = None
+    pending: list[TokenLogprob] = field(default_factory=list)
 
-    def add(self, token: int) -> list[Delta]:
+    def add(self, token: int, logprob: TokenLogprob | None = None) -> list[Delta]:
         self.detokenizer.add_token(token)
-        return self._split(self.stops.feed(self.detokenizer.last_segment), (token,))
+        if logprob is not None:
+            self.pending.append(logprob)
+        return self._with_logprobs(self._split(self.stops.feed(self.detokenizer.last_segment), (token,)))
+
+    def _with_logprobs(self, out: list[Delta]) -> list[Delta]:
+        # A token's log-probability rides on the next text to go out (text may be held back).
+        if not self.pending or not any(isinstance(d, TextDelta) for d in out):
+            return out
+        i = next(i for i, d in enumerate(out) if isinstance(d, TextDelta))
+        first = out[i]
+        assert isinstance(first, TextDelta)
+        out[i] = TextDelta(first.text, first.token_ids, tuple(self.pending))
+        self.pending = []
+        return out
 
     def close(self) -> list[Delta]:
         self.detokenizer.finalize()
         out = self._split(self.stops.feed(self.detokenizer.last_segment) + self.stops.flush())
         if self.reasoning is not None:
             out += self._answer(self.reasoning.close())
-        return out + (self.tools.close() if self.tools is not None else [])
+        out += self.tools.close() if self.tools is not None else []
+        if self.pending and not any(isinstance(d, TextDelta) for d in out):
+            out.append(TextDelta(""))  # the last tokens' log-probabilities need a carrier
+        return self._with_logprobs(out)
 
     def _split(self, text: str, token_ids: tuple[int, ...] = ()) -> list[Delta]:
         if self.reasoning is not None:
@@ -220,7 +238,7 @@ class Core:
         if clock is not None and clock.first_token is None:
             clock.first_token = time.perf_counter()
         if u.finish is not FinishReason.STOP:  # an EOS token has no text
-            for delta in text.add(u.token):
+            for delta in text.add(u.token, self._token_logprob(u)):
                 ticket.emit(delta)
         if u.finish is None and text.stops.matched is None:
             return
@@ -237,6 +255,13 @@ class Core:
         ticket.emit(Finished(reason, usage, text.stops.matched, timings))
         self.counters.requests_finished += 1
         self._drop(u.seq_id)
+
+    def _token_logprob(self, u: TokenUpdate) -> TokenLogprob | None:
+        if u.logprobs is None:
+            return None
+        lp, top = u.logprobs
+        decode = self.tokenizer.decode
+        return TokenLogprob(decode([u.token]), lp, tuple((decode([t]), v) for t, v in top))
 
     def _drop(self, seq_id: str) -> None:
         self.clocks.pop(seq_id, None)

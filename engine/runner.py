@@ -92,7 +92,28 @@ class BatchRunner:
                 self._join(finals)
             if len(self._gen) == 0:
                 return StepOutput({})
-            return StepOutput({self._seq_of[r.uid]: r.token for r in self._gen.next()})
+            responses = self._gen.next()
+            tokens = {self._seq_of[r.uid]: r.token for r in responses}
+            return StepOutput(tokens, self._logprobs(responses))
+
+    def _logprobs(self, responses: list[Any]) -> dict[str, tuple[float, tuple[tuple[int, float], ...]]]:
+        """The sampled token's log-probability and the top alternatives, for rows that asked."""
+        want = [(self._seq_of[r.uid], r) for r in responses
+                if self._requests[self._seq_of[r.uid]].logprobs is not None]
+        if not want:
+            return {}
+        rows = mx.stack([r.logprobs for _, r in want])
+        k = max(1, max(self._requests[s].logprobs or 0 for s, _ in want))
+        top_ids = mx.argpartition(-rows, k - 1, axis=-1)[:, :k]
+        top_lps = mx.take_along_axis(rows, top_ids, axis=-1)
+        chosen = mx.take_along_axis(rows, mx.array([[r.token] for _, r in want]), axis=-1)
+        mx.eval(top_ids, top_lps, chosen)
+        out = {}
+        for (seq_id, _), ids, lps, lp in zip(want, top_ids.tolist(), top_lps.tolist(), chosen.tolist()):
+            n = self._requests[seq_id].logprobs or 0
+            top = sorted(zip(ids, lps), key=lambda p: -p[1])[:n]
+            out[seq_id] = (lp[0], tuple(top))
+        return out
 
     def _join(self, finals: list[tuple[PromptProcessingBatch, list[int]]]) -> None:
         """Last prompt chunks of several sequences in one forward; then they join decoding."""

@@ -78,6 +78,8 @@ class StepOutput:
     """Tokens sampled this step, by sequence: decoding rows and rows that just joined."""
 
     tokens: dict[str, int] = field(default_factory=dict)
+    # For rows that asked: (the token's log-probability, top (id, log-probability) pairs).
+    logprobs: dict[str, tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ class TokenUpdate:
     finish: FinishReason | None
     num_generated: int
     num_cached: int
+    logprobs: tuple[float, tuple[tuple[int, float], ...]] | None = None
 
 
 @dataclass(slots=True)
@@ -240,7 +243,8 @@ class Scheduler:
                 continue
             seq.num_generated += 1
             finish = self._finish_reason(seq, token)
-            updates.append(TokenUpdate(seq_id, token, finish, seq.num_generated, seq.num_cached))
+            updates.append(TokenUpdate(seq_id, token, finish, seq.num_generated, seq.num_cached,
+                                       output.logprobs.get(seq_id)))
             if finish is not None:
                 self._retire(seq)
         return updates

@@ -44,6 +44,8 @@ class Request:
     after: str | None = None
     # The tools offered (OpenAI function schemas): their calls are parsed out of the text.
     tools: tuple[dict[str, Any], ...] | None = None
+    # Log-probabilities of each sampled token with this many top alternatives (None: off).
+    logprobs: int | None = None
 
 
 class FinishReason(enum.Enum):
@@ -64,11 +66,21 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One sampled token: its text, log-probability, and the top alternatives at that step."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TextDelta:
     """New text, already cut at a UTF-8 boundary and clear of any stop string."""
 
     text: str
     token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

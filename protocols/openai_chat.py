@@ -13,7 +13,15 @@ import orjson
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from engine.errors import InvalidRequest, ServeError
-from engine.types import Delta, Finished, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
+from engine.types import (
+    Delta,
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallArgsDelta,
+    ToolCallStart,
+)
 from protocols import openai_common as common
 from server.types import Job, ProtocolContext, Result
 
@@ -131,7 +139,7 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
     if not ids:
         raise InvalidRequest("the chat template rendered an empty prompt", param="messages")
     offered = tools if req.tool_choice != "none" else None
-    return common.build_job(req, ids, ctx, ID_PREFIX, offered)
+    return common.build_job(req, ids, ctx, ID_PREFIX, offered, common.chat_logprobs(req))
 
 
 def _check_chat_supported(req: ChatCompletionBody) -> None:
@@ -201,8 +209,14 @@ def _arguments(raw: str | dict[str, Any], path: str) -> Any:
                              param=f"{path}.function.arguments") from exc
 
 
-def _choice(delta: dict[str, Any], finish_reason: str | None = None, index: int = 0) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def _choice(delta: dict[str, Any], finish_reason: str | None = None, index: int = 0,
+            logprobs: tuple[TokenLogprob, ...] = ()) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": _logprobs(logprobs) if logprobs else None,
+            "finish_reason": finish_reason}
+
+
+def _logprobs(entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
+    return {"content": [common.token_logprob_json(t) for t in entries], "refusal": None}
 
 
 class ChatStream(common.ChunkStream):
@@ -223,22 +237,23 @@ class ChatStream(common.ChunkStream):
         if isinstance(event, ToolCallArgsDelta):
             call = {"index": event.index, "function": {"arguments": event.arguments}}
             return self.frame(_choice({"tool_calls": [call]}, index=index))
-        if not isinstance(event, TextDelta) or not event.text:
+        if not isinstance(event, TextDelta) or not (event.text or event.logprobs):
             return b""
-        return self.frame(_choice({"content": event.text}, index=index))
+        return self.frame(_choice({"content": event.text}, index=index, logprobs=event.logprobs))
 
     def finish(self, event: Finished, index: int = 0) -> bytes:
         return self.closing(_choice({}, event.reason.value, index), event.usage)
 
 
 def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> dict[str, Any]:
-    choices = [_message_choice(i, r) for i, r in enumerate(results)]
+    want = job.request.logprobs is not None
+    choices = [_message_choice(i, r, want) for i, r in enumerate(results)]
     usage = common.combined_usage([r.usage for r in results])
     return {**common.response_head(job, ctx, OBJECT), "choices": choices,
             "usage": common.usage_json(usage)}
 
 
-def _message_choice(index: int, result: Result) -> dict[str, Any]:
+def _message_choice(index: int, result: Result, want_logprobs: bool = False) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.text, "refusal": None,
                                "annotations": []}
     if result.reasoning:
@@ -248,7 +263,8 @@ def _message_choice(index: int, result: Result) -> dict[str, Any]:
         message["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments}}
                                  for c in result.tool_calls]
-    return {"index": index, "message": message, "logprobs": None,
+    logprobs = _logprobs(result.logprobs) if want_logprobs else None
+    return {"index": index, "message": message, "logprobs": logprobs,
             "finish_reason": result.finish_reason.value}
 
 

@@ -25,7 +25,7 @@ from engine.errors import (
     ServeError,
     Unauthorized,
 )
-from engine.types import Request, SamplingParams, Usage
+from engine.types import Request, SamplingParams, TokenLogprob, Usage
 from server.types import Job, ProtocolContext
 
 DONE = b"data: [DONE]\n\n"
@@ -115,10 +115,6 @@ def unsupported(param: str, what: str | None = None) -> InvalidRequest:
 
 def check_supported(fields: OpenAIFields) -> None:
     """Refuse fields we accept in the schema but cannot honour yet."""
-    if fields.logprobs is True or type(fields.logprobs) is int:
-        raise unsupported("logprobs")
-    if fields.top_logprobs is not None and fields.top_logprobs > 0:
-        raise unsupported("top_logprobs")
     if fields.response_format is not None and fields.response_format.type != "text":
         kind = fields.response_format.type
         raise unsupported("response_format", f"`response_format` of type {kind!r}")
@@ -196,8 +192,38 @@ def include_usage(fields: OpenAIFields) -> bool:
     return bool(fields.stream and options is not None and options.include_usage)
 
 
+MAX_TOP_LOGPROBS = 20
+
+
+def chat_logprobs(fields: OpenAIFields) -> int | None:
+    """Chat's `logprobs: true` with `top_logprobs` (0-20) → alternatives per token; None: off."""
+    if fields.logprobs is None or fields.logprobs is False:
+        if fields.top_logprobs is not None and fields.top_logprobs > 0:
+            raise InvalidRequest("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+        return None
+    if type(fields.logprobs) is not bool:
+        raise InvalidRequest("`logprobs` must be a boolean", param="logprobs")
+    return _top(max(fields.top_logprobs or 0, 0), "top_logprobs")  # mlx_lm's -1 means none
+
+
+def completion_logprobs(fields: OpenAIFields) -> int | None:
+    """Completions' integer `logprobs` (0-20) → alternatives per token; None: off."""
+    if fields.logprobs is None or fields.logprobs is False:
+        return None
+    if type(fields.logprobs) is not int:
+        raise InvalidRequest("`logprobs` must be an integer between 0 and 20", param="logprobs")
+    return _top(fields.logprobs, "logprobs")
+
+
+def _top(n: int, param: str) -> int:
+    if not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"`{param}` must be between 0 and {MAX_TOP_LOGPROBS}", param=param)
+    return n
+
+
 def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolContext,
-              id_prefix: str, tools: list[dict[str, Any]] | None = None) -> Job:
+              id_prefix: str, tools: list[dict[str, Any]] | None = None,
+              logprobs: int | None = None) -> Job:
     """The engine request plus the client's delivery choices."""
     request = Request(
         id=f"{id_prefix}-{uuid.uuid4().hex}",
@@ -206,6 +232,7 @@ def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolConte
         max_tokens=max_tokens(fields, ctx),
         stop=stop_strings(fields.stop),
         tools=tuple(tools) if tools else None,
+        logprobs=logprobs,
     )
     return Job(request, stream=bool(fields.stream), include_usage=include_usage(fields),
                model=fields.model or ctx.model_id, n=fields.n or 1)
@@ -261,6 +288,12 @@ def _error_kind(exc: ServeError) -> tuple[str, str | None]:
 
 def error_body(exc: ServeError) -> bytes:
     return orjson.dumps(error_json(exc))
+
+
+def token_logprob_json(t: TokenLogprob) -> dict[str, Any]:
+    """OpenAI chat's `logprobs.content[]` entry."""
+    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
+            "top_logprobs": [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, v in t.top]}
 
 
 def sse(payload: dict[str, Any]) -> bytes:

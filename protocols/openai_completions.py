@@ -12,7 +12,7 @@ import orjson
 
 from engine.errors import InvalidRequest, ServeError
 from engine.tokenizer import ChatTokenizer
-from engine.types import Delta, Finished, TextDelta
+from engine.types import Delta, Finished, TextDelta, TokenLogprob
 from protocols import openai_common as common
 from server.types import Job, ProtocolContext, Result
 
@@ -40,7 +40,8 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
     req = common.decode(_DECODER, body)
     common.check_supported(req)
     _check_completion_supported(req)
-    return common.build_job(req, prompt_tokens(req.prompt, ctx.tokenizer), ctx, ID_PREFIX)
+    return common.build_job(req, prompt_tokens(req.prompt, ctx.tokenizer), ctx, ID_PREFIX,
+                            logprobs=common.completion_logprobs(req))
 
 
 def _check_completion_supported(req: CompletionBody) -> None:
@@ -88,8 +89,19 @@ def _checked_ids(ids: list[int], vocab_size: int) -> list[int]:
     return ids
 
 
-def _choice(text: str, finish_reason: str | None = None, index: int = 0) -> dict[str, Any]:
-    return {"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}
+def _choice(text: str, finish_reason: str | None = None, index: int = 0,
+            logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def _legacy_logprobs(entries: tuple[TokenLogprob, ...], offset: int = 0) -> dict[str, Any]:
+    """The completions API's column form: tokens, their log-probabilities, top maps, offsets."""
+    offsets, at = [], offset
+    for t in entries:
+        offsets.append(at)
+        at += len(t.token)
+    return {"tokens": [t.token for t in entries], "token_logprobs": [t.logprob for t in entries],
+            "top_logprobs": [dict(t.top) for t in entries], "text_offset": offsets}
 
 
 class CompletionStream(common.ChunkStream):
@@ -99,16 +111,19 @@ class CompletionStream(common.ChunkStream):
         return b""
 
     def delta(self, event: Delta, index: int = 0) -> bytes:
-        if not isinstance(event, TextDelta) or not event.text:
+        if not isinstance(event, TextDelta) or not (event.text or event.logprobs):
             return b""
-        return self.frame(_choice(event.text, index=index))
+        logprobs = _legacy_logprobs(event.logprobs) if event.logprobs else None
+        return self.frame(_choice(event.text, index=index, logprobs=logprobs))
 
     def finish(self, event: Finished, index: int = 0) -> bytes:
         return self.closing(_choice("", event.reason.value, index), event.usage)
 
 
 def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> dict[str, Any]:
-    choices = [_choice(r.text, r.finish_reason.value, i) for i, r in enumerate(results)]
+    want = job.request.logprobs is not None
+    choices = [_choice(r.text, r.finish_reason.value, i, _legacy_logprobs(r.logprobs) if want else None)
+               for i, r in enumerate(results)]
     usage = common.combined_usage([r.usage for r in results])
     return {**common.response_head(job, ctx, OBJECT), "choices": choices,
             "usage": common.usage_json(usage)}

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from engine.errors import ServeError
 from engine.tokenizer import ChatTokenizer
-from engine.types import Delta, Event, Finished, FinishReason, Request, Usage
+from engine.types import Delta, Event, Finished, FinishReason, Request, TokenLogprob, Usage
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -67,6 +67,7 @@ class Result:
     stop_sequence: str | None = None
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class EventStream(Protocol):

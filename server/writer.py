@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterable
 
 from engine.errors import ServeError
-from engine.types import Delta, Finished, ReasoningDelta, TextDelta, ToolCallStart
+from engine.types import Delta, Finished, ReasoningDelta, TextDelta, TokenLogprob, ToolCallStart
 from server.types import EventStream, Receive, Result, Send, StreamRenderer, ToolCall
 
 Headers = list[tuple[bytes, bytes]]
@@ -73,10 +73,12 @@ class Accumulator:
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.calls: dict[int, list[str]] = {}
+        self.logprobs: list[TokenLogprob] = []
 
     def add(self, ev: Delta) -> None:
         if isinstance(ev, TextDelta):
             self.text.append(ev.text)
+            self.logprobs.extend(ev.logprobs)
         elif isinstance(ev, ReasoningDelta):
             self.reasoning.append(ev.text)
         elif isinstance(ev, ToolCallStart):
@@ -87,7 +89,7 @@ class Accumulator:
     def result(self, fin: Finished) -> Result:
         calls = tuple(ToolCall(*self.calls[i]) for i in sorted(self.calls))
         return Result("".join(self.text), fin.reason, fin.usage, fin.stop_sequence,
-                      "".join(self.reasoning), calls)
+                      "".join(self.reasoning), calls, tuple(self.logprobs))
 
 
 async def stream_sse(receive: Receive, send: Send, stream: EventStream,

@@ -198,3 +198,28 @@ def test_max_tokens_beyond_the_context_is_clamped_and_said(smollm_server: Server
     assert r.status_code == 200
     assert "clamped" in r.headers["warning"] and "100000" in r.headers["warning"]
     assert "Paris" in r.json()["choices"][0]["message"]["content"]
+
+
+def test_logprobs_agree_with_the_greedy_choice(client: openai.OpenAI) -> None:
+    import math
+
+    r = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, logprobs=True,
+                                       top_logprobs=5, n=2)
+    for choice in r.choices:  # two rows of one batch
+        content = choice.logprobs.content  # type: ignore[union-attr]
+        assert "".join(t.token for t in content) == choice.message.content  # type: ignore[union-attr]
+        for t in content:  # type: ignore[union-attr]
+            assert len(t.top_logprobs) == 5 and t.token == t.top_logprobs[0].token  # greedy = argmax
+            assert t.logprob == max(a.logprob for a in t.top_logprobs) <= 0
+            assert sum(math.exp(a.logprob) for a in t.top_logprobs) <= 1.0 + 1e-5
+            assert bytes(t.bytes or []) == t.token.encode()
+    streamed = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, logprobs=True,
+                                              stream=True)
+    tokens = [t.token for c in streamed if c.choices and c.choices[0].logprobs
+              for t in c.choices[0].logprobs.content or []]
+    assert "".join(tokens) == r.choices[0].message.content
+    legacy = client.completions.create(model="m", prompt="The three primary colors are", max_tokens=8,
+                                       logprobs=3)
+    lp = legacy.choices[0].logprobs
+    assert lp is not None and len(lp.tokens or []) == len(lp.token_logprobs or []) == 8
+    assert all(len(top) == 3 for top in lp.top_logprobs or [])

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import openai
 import orjson
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from engine.errors import EngineFailed, InvalidRequest
-from engine.types import Finished, FinishReason, TextDelta, Usage
+from engine.types import Finished, FinishReason, TextDelta, TokenLogprob, Usage
 from protocols import openai_chat
 from server.types import Job, ProtocolContext, Result, WireFormat
 
@@ -310,3 +311,23 @@ def test_n_choices_render_indexed_and_usage_combined(ctx: ProtocolContext) -> No
     assert usage["completion_tokens"] == 6
     primer = stream.start()
     assert primer.count(b'"role":"assistant"') == 2
+
+
+def test_parse_logprobs_true_with_top_logprobs(ctx: ProtocolContext) -> None:
+    assert parse(ctx, messages=[USER]).request.logprobs is None
+    assert parse(ctx, messages=[USER], logprobs=True).request.logprobs == 0
+    assert parse(ctx, messages=[USER], logprobs=True, top_logprobs=5).request.logprobs == 5
+    assert parse_error(ctx, messages=[USER], top_logprobs=2).param == "top_logprobs"
+    assert parse_error(ctx, messages=[USER], logprobs=True, top_logprobs=21).param == "top_logprobs"
+
+
+def test_logprobs_render_in_openai_shape(ctx: ProtocolContext) -> None:
+    job = parse(ctx, messages=[USER], logprobs=True, top_logprobs=2)
+    entry = TokenLogprob("Hi", -0.1, (("Hi", -0.1), ("Hey", -2.5)))
+    body = orjson.loads(FORMAT.to_json(job, [Result("Hi", FinishReason.STOP, Usage(3, 1), logprobs=(entry,))], ctx))
+    parsed = openai.types.chat.ChatCompletion.model_validate(body)
+    content = parsed.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content[0].token == "Hi" and content[0].bytes == [72, 105]  # type: ignore[index]
+    assert [t.token for t in content[0].top_logprobs] == ["Hi", "Hey"]  # type: ignore[index]
+    chunk = FORMAT.renderer(job, ctx).delta(TextDelta("Hi", (1,), (entry,)))
+    assert orjson.loads(chunk[6:])["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.1

@@ -176,9 +176,6 @@ def test_parse_rejects_invalid_fields(fmt: Callable[..., Job], field: str, value
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("logprobs", True, "`logprobs` is not supported yet"),
-        ("logprobs", 3, "`logprobs` is not supported yet"),
-        ("top_logprobs", 2, "`top_logprobs` is not supported yet"),
         ("response_format", {"type": "json_object"},
          "`response_format` of type 'json_object' is not supported yet"),
         ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}},
@@ -310,3 +307,4 @@ def test_system_fingerprint_is_stable_per_model() -> None:
     fp = openai_common.system_fingerprint("a/b")
     assert fp == openai_common.system_fingerprint("a/b") != openai_common.system_fingerprint("a/c")
     assert fp.startswith("fp_") and len(fp) == 13
+

@@ -106,7 +106,6 @@ def test_parse_rejects_malformed_fields(ctx: ProtocolContext, fields: dict[str, 
         ("best_of", 3, "`best_of` > 1 is not supported yet"),
         ("echo", True, "`echo` is not supported yet"),
         ("suffix", "tail", "`suffix` is not supported yet"),
-        ("logprobs", 0, "`logprobs` is not supported yet"),
     ],
 )
 def test_parse_rejects_unsupported_completion_fields(ctx: ProtocolContext, field: str,
@@ -191,3 +190,11 @@ def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Frames) 
         "[DONE]",
     ]
     assert renderer.heartbeat() == b": keep-alive\n\n"
+
+
+def test_parse_logprobs_is_an_integer_of_alternatives(ctx: ProtocolContext) -> None:
+    assert parse(ctx, prompt="x").request.logprobs is None
+    assert parse(ctx, prompt="x", logprobs=0).request.logprobs == 0
+    assert parse(ctx, prompt="x", logprobs=5).request.logprobs == 5
+    assert parse_error(ctx, prompt="x", logprobs=21).param == "logprobs"
+    assert parse_error(ctx, prompt="x", logprobs=True).param == "logprobs"
