@@ -22,6 +22,7 @@ from engine.types import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
+from protocols import conversation as conv
 from protocols import openai_common as common
 from server.types import Job, ProtocolContext, Result
 
@@ -114,6 +115,7 @@ class ChatCompletionBody(common.OpenAIFields, frozen=True, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # Answer-changing fields refused until supported.
     functions: Any = None
     function_call: Any = None
@@ -130,7 +132,9 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
     _check_chat_supported(req)
     messages = [_template_message(m, i) for i, m in enumerate(req.messages)]
     tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
-    template_kwargs = {**(ctx.defaults.chat_template_args or {}),
+    # reasoning_effort switches a hybrid model's thinking; explicit template kwargs win.
+    effort = None if req.reasoning_effort is None else req.reasoning_effort != "none"
+    template_kwargs = {**(ctx.defaults.chat_template_args or {}), **conv.thinking_kwargs(effort),
                        **(req.chat_template_kwargs or {})}
     try:
         ids = ctx.tokenizer.render_chat(messages, tools, template_kwargs)

@@ -331,3 +331,14 @@ def test_logprobs_render_in_openai_shape(ctx: ProtocolContext) -> None:
     assert [t.token for t in content[0].top_logprobs] == ["Hi", "Hey"]  # type: ignore[index]
     chunk = FORMAT.renderer(job, ctx).delta(TextDelta("Hi", (1,), (entry,)))
     assert orjson.loads(chunk[6:])["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.1
+
+
+def test_parse_reasoning_effort_switches_thinking(ctx: ProtocolContext) -> None:
+    tok = ctx.tokenizer
+    parse(ctx, messages=[USER], reasoning_effort="none")
+    assert tok.chat_calls[-1].template_kwargs["enable_thinking"] is False  # type: ignore[attr-defined]
+    parse(ctx, messages=[USER], reasoning_effort="high")
+    assert tok.chat_calls[-1].template_kwargs["enable_thinking"] is True  # type: ignore[attr-defined]
+    parse(ctx, messages=[USER], reasoning_effort="high", chat_template_kwargs={"enable_thinking": False})
+    assert tok.chat_calls[-1].template_kwargs["enable_thinking"] is False  # type: ignore[attr-defined]
+    assert parse_error(ctx, messages=[USER], reasoning_effort="max").param == "reasoning_effort"
