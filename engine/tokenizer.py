@@ -10,9 +10,8 @@ from jinja2 import TemplateError
 class ChatTokenizer:
     """Wraps mlx-lm's TokenizerWrapper; pure CPU work, safe to call on the event loop."""
 
-    def __init__(self, wrapper: Any, chat_template_args: dict[str, Any] | None = None) -> None:
+    def __init__(self, wrapper: Any) -> None:
         self._wrapper = wrapper
-        self._template_args = dict(chat_template_args or {})
 
     @property
     def wrapper(self) -> Any:
@@ -47,7 +46,7 @@ class ChatTokenizer:
 
         Raises ValueError with the template's own message when it rejects the conversation.
         """
-        kwargs = {**self._template_args, **(template_kwargs or {})}
+        kwargs = dict(template_kwargs or {})  # the protocols merge the server's defaults in
         if not self.has_chat_template:
             return self.encode(_plain_transcript(messages))
         try:

@@ -129,10 +129,6 @@ Delta = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta
 Event = Delta | Finished
 
 
-class Aborted(Exception):
-    """The client left; raised inside generation to stop it at once."""
-
-
 @dataclass(slots=True)
 class Counters:
     """Engine-side facts tests and /stats can observe."""

@@ -179,7 +179,7 @@ class App:
                 raise EngineUnavailable(f"model is {self.engine.state.value}; try again shortly")
             c = self.config
             defaults = Defaults(c.temp, c.top_p, c.top_k, c.min_p, c.max_tokens, c.chat_template_args)
-            tokenizer = ChatTokenizer(self.engine.loaded.tokenizer, c.chat_template_args)
+            tokenizer = ChatTokenizer(self.engine.loaded.tokenizer)
             self._ctx = ProtocolContext(self.engine.loaded.model_id, tokenizer, defaults, self.created)
         return replace(self._ctx, created=int(time.time()))
 

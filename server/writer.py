@@ -23,16 +23,11 @@ SSE_HEADERS: Headers = [
 ]
 
 
-async def send_bytes(send: Send, status: int, body: bytes, content_type: bytes,
-                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + list(extra)})
-    await send({"type": "http.response.body", "body": body})
-
-
 async def send_json(send: Send, status: int, body: bytes,
                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await send_bytes(send, status, body, b"application/json", extra)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + list(extra)})
+    await send({"type": "http.response.body", "body": body})
 
 
 def watch_disconnect(receive: Receive, stream: EventStream) -> asyncio.Task[None]:
