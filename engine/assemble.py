@@ -25,6 +25,9 @@ class EngineSettings:
     seed: int | None = None
     memory_budget_bytes: int | None = None
     max_context: int | None = None
+    draft_kind: str | None = None  # speculative decoding: "ngram", "draft" (a draft model) or None
+    num_draft_tokens: int = 3
+    draft_spec: ModelSpec | None = None
 
     @property
     def capacity(self) -> int:
@@ -33,14 +36,17 @@ class EngineSettings:
 
 
 def make_core(loaded: LoadedModel, counters: Counters, settings: EngineSettings,
-              adapter_path: str | None = None) -> Core:
+              adapter_path: str | None = None, draft: LoadedModel | None = None) -> Core:
     """Plan memory (raises InsufficientMemory when nothing fits), then build the core."""
-    from engine.admission import plan_memory
+    from engine.admission import plan_memory, weights_bytes
     from engine.prefix_cache import PrefixCache
-    from engine.runner import BatchRunner
+    from engine.runner import BatchRunner, Speculation
     from engine.scheduler import Scheduler, SchedulerConfig
 
-    plan = plan_memory(loaded.model, budget_bytes=settings.memory_budget_bytes,
+    budget = settings.memory_budget_bytes
+    if draft is not None and budget is not None:
+        budget -= 2 * weights_bytes(draft.model)  # the draft's weights, and as much again for its KV
+    plan = plan_memory(loaded.model, budget_bytes=budget,
                        prefill_step_size=settings.token_budget, max_context=settings.max_context,
                        max_running=settings.max_running)
     print(plan.describe(), flush=True)
@@ -48,12 +54,16 @@ def make_core(loaded: LoadedModel, counters: Counters, settings: EngineSettings,
                                       max_prefilling=settings.max_prefilling,
                                       token_budget=settings.token_budget,
                                       max_waiting=settings.max_waiting,
-                                      kv_capacity_tokens=plan.kv_capacity_tokens),
+                                      kv_capacity_tokens=plan.kv_capacity_tokens,
+                                      draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0),
                       frozenset(loaded.tokenizer.eos_token_ids))
     prefix = PrefixCache(f"{loaded.model_id}|{adapter_path or ''}",
                          max_entries=settings.prompt_cache_size,
                          max_bytes=settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES)
-    runner = BatchRunner(loaded.model, prefill_step_size=settings.token_budget, prefix_cache=prefix)
+    speculation = Speculation(settings.draft_kind, settings.num_draft_tokens,
+                              draft.model if draft is not None else None)
+    runner = BatchRunner(loaded.model, prefill_step_size=settings.token_budget, prefix_cache=prefix,
+                         speculation=speculation)
     core = Core(sched, runner, loaded.tokenizer, counters, prefix)
     core.memory_plan = plan
     return core
@@ -68,8 +78,33 @@ def load_and_build(counters: Counters, spec: ModelSpec, settings: EngineSettings
         mx.random.seed(settings.seed)
     loaded = load_model(spec)
     print(describe(loaded), flush=True)
-    core = make_core(loaded, counters, settings, spec.adapter_path)
+    draft = load_draft(loaded, settings.draft_spec) if settings.draft_spec is not None else None
+    core = make_core(loaded, counters, settings, spec.adapter_path, draft)
     return core, {"model_id": loaded.model_id, "memory_plan": core.memory_plan}
+
+
+def load_draft(target: LoadedModel, spec: ModelSpec) -> LoadedModel:
+    """The draft model, refused unless it shares the target's tokenizer and suits batch speculation."""
+    from engine.speculative import DraftMismatch, can_speculate
+
+    draft = load_model(spec)
+    check_draft_tokenizer(target.tokenizer, draft.tokenizer, spec.model_id)
+    for name, m in (("the model", target.model), ("the draft model", draft.model)):
+        if not can_speculate(m):
+            raise DraftMismatch(f"{name} uses rotating or quantized KV caches; speculative decoding "
+                                "inside the batch needs plain KV caches")
+    print(f"  draft model: {draft.model_id} (speculating {describe(draft).splitlines()[1].strip()})",
+          flush=True)
+    return draft
+
+
+def check_draft_tokenizer(target: Any, draft: Any, draft_id: str) -> None:
+    from engine.speculative import DraftMismatch
+
+    if target.get_vocab() != draft.get_vocab():
+        raise DraftMismatch(f"the draft model {draft_id} does not share the model's tokenizer "
+                            f"(vocabularies of {len(target.get_vocab())} and {len(draft.get_vocab())} "
+                            "tokens differ); speculative decoding needs the same token ids")
 
 
 def describe(loaded: LoadedModel) -> str:

@@ -211,6 +211,10 @@ class Core:
         for chunk in plan.prefill:
             if (clock := self.clocks.get(chunk.seq_id)) is not None:
                 clock.chunks.append((chunk.end - chunk.start, took))
+        for drafted, accepted in out.speculation.values():
+            self.counters.spec_decode_num_drafts += 1
+            self.counters.spec_decode_num_draft_tokens += drafted
+            self.counters.spec_decode_num_accepted_tokens += accepted
         for update in self.scheduler.update(plan, out):
             self._deliver(update)
 
@@ -250,7 +254,8 @@ class Core:
         assert reason is not None
         if reason is FinishReason.STOP and text.called_tools:
             reason = FinishReason.TOOL_CALLS
-        usage = Usage(len(ticket.request.prompt_tokens), u.num_generated, u.num_cached)
+        usage = Usage(len(ticket.request.prompt_tokens), u.num_generated, u.num_cached,
+                      u.drafted, u.accepted, ticket.request.prediction is not None)
         timings = clock.timings(time.perf_counter()) if clock is not None else None
         ticket.emit(Finished(reason, usage, text.stops.matched, timings))
         self.counters.requests_finished += 1

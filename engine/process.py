@@ -230,8 +230,9 @@ def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...]) -> None:
         core, info = build(counters, *build_args)
     except Exception as exc:  # noqa: BLE001 - told to the parent, which reports it on /health
         from engine.admission import InsufficientMemory
+        from engine.speculative import DraftMismatch
 
-        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}", isinstance(exc, InsufficientMemory)))
+        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}", isinstance(exc, InsufficientMemory | DraftMismatch)))
         return
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
     outbox: list[tuple[str, Event | ServeError]] = []

@@ -10,16 +10,19 @@ step's tokens are read, so Python bookkeeping overlaps the accelerator.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationBatch, PromptProcessingBatch, StopSequences, generation_stream
+from mlx_lm.generate import PromptProcessingBatch, StopSequences, generation_stream
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
+from engine.drafting import Draft, PredictionLookup, PromptLookup, RowSpeculation
 from engine.prefix_cache import PrefixCache
 from engine.sampling import make_row_processors, make_row_sampler
 from engine.scheduler import StepOutput, StepPlan
+from engine.speculative import DraftRows, can_speculate, empty_batch
 from engine.types import Request
 
 NO_LIMIT = 1 << 40  # the scheduler decides when a row ends, not mlx-lm
@@ -45,20 +48,34 @@ if not getattr(BatchKVCache.make_mask, "_mlx_serve", False):
     BatchKVCache.make_mask._mlx_serve = True  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True, slots=True)
+class Speculation:
+    """The server's speculative decoding: which drafter, and how many tokens a step drafts."""
+
+    kind: str | None = None  # "ngram", "draft" (a draft model) or None (only per-request predictions)
+    num_draft_tokens: int = 3
+    draft_model: Any = None
+
+
 class BatchRunner:
     """Owns the KV caches and the model calls. Called only from the engine's owner thread."""
 
     def __init__(self, model: Any, *, prefill_step_size: int = 2048,
-                 prefix_cache: PrefixCache | None = None) -> None:
+                 prefix_cache: PrefixCache | None = None, speculation: Speculation | None = None) -> None:
         self.model = model
         self.prefill_step_size = prefill_step_size
         self.prefix_cache = prefix_cache
+        self.speculation = speculation or Speculation()
+        self._can_speculate = can_speculate(model)
+        self._spec: dict[str, RowSpeculation] = {}
+        draft = self.speculation.draft_model
+        self._draft_rows = DraftRows(draft, prefill_step_size) if draft is not None else None
         self._uids = itertools.count()
         self._uid_of: dict[str, int] = {}
         self._seq_of: dict[int, str] = {}
         self._requests: dict[str, Request] = {}
         self._prompts: dict[str, PromptProcessingBatch] = {}
-        self._gen = GenerationBatch.empty(model, greedy_sampler)
+        self._gen = empty_batch(model, self._draft_rows)
         self._no_stops = StopSequences()
 
     def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0) -> None:
@@ -73,6 +90,22 @@ class BatchRunner:
             fallback_sampler=greedy_sampler,
             logits_processors=[make_row_processors(request.sampling)],
             stop_sequences=[self._no_stops], max_tokens=[NO_LIMIT])
+        if (row := self._row_speculation(request)) is not None:
+            self._spec[request.id] = row
+
+    def _row_speculation(self, request: Request) -> RowSpeculation | None:
+        """A prediction drafts for its own request; otherwise the server's drafter, if any.
+        A request's num_draft_tokens may lower the server's γ (0 turns speculation off)."""
+        if not self._can_speculate:
+            return None
+        conf, asked = self.speculation, request.num_draft_tokens
+        k = conf.num_draft_tokens if asked is None else min(asked, conf.num_draft_tokens)
+        if request.prediction:
+            return RowSpeculation(PredictionLookup(request.prediction, len(request.prompt_tokens)), k,
+                                  prediction=True) if k > 0 else None
+        if conf.kind is None or k <= 0:
+            return None
+        return RowSpeculation(None if conf.kind == "draft" else PromptLookup(), k)
 
     def step(self, plan: StepPlan) -> StepOutput:
         with mx.stream(generation_stream):
@@ -92,27 +125,68 @@ class BatchRunner:
                 self._join(finals)
             if len(self._gen) == 0:
                 return StepOutput({})
-            responses = self._gen.next()
-            tokens = {self._seq_of[r.uid]: r.token for r in responses}
-            return StepOutput(tokens, self._logprobs(responses))
+            drafts = self._drafts()
+            if drafts is None:
+                responses = self._gen.next()
+                return StepOutput({self._seq_of[r.uid]: r.token for r in responses},
+                                  self._logprobs([(self._seq_of[r.uid], r.token, r.logprobs) for r in responses]))
+            return self._speculate(*drafts)
 
-    def _logprobs(self, responses: list[Any]) -> dict[str, tuple[float, tuple[tuple[int, float], ...]]]:
-        """The sampled token's log-probability and the top alternatives, for rows that asked."""
-        want = [(self._seq_of[r.uid], r) for r in responses
-                if self._requests[self._seq_of[r.uid]].logprobs is not None]
+    def _drafts(self) -> tuple[list[Draft | None], list[int] | None] | None:
+        """This step's drafts per row, or None when no row drafts (a plain, pipelined step)."""
+        if not self._spec:
+            return None
+        drafts: list[Draft | None] = []
+        model_k: list[int] = []
+        for e, uid in enumerate(self._gen.uids):
+            row = self._spec.get(self._seq_of[uid])
+            if row is None or not row.active:
+                drafts.append(None)
+                model_k.append(0)
+            elif row.drafter is None:
+                drafts.append(None)
+                model_k.append(row.k)
+            else:
+                d = row.drafter.draft(self._gen.tokens[e], self._gen.pending(e), row.k)
+                drafts.append(d if d.tokens else None)
+                model_k.append(0)
+        if all(d is None for d in drafts) and max(model_k) == 0:
+            return None
+        return drafts, (model_k if self._draft_rows is not None and max(model_k) > 0 else None)
+
+    def _speculate(self, drafts: list[Draft | None], model_k: list[int] | None) -> StepOutput:
+        results = self._gen.speculate(drafts, model_k)
+        tokens, spec, flat = {}, {}, []
+        for r in results:
+            seq_id = self._seq_of[r.uid]
+            tokens[seq_id] = tuple(r.tokens)
+            flat.extend((seq_id, t, lp) for t, lp in zip(r.tokens, r.logprobs))
+            if r.drafted and (row := self._spec.get(seq_id)) is not None:
+                row.record(r.drafted, r.accepted)
+                spec[seq_id] = (r.drafted, r.accepted)
+        return StepOutput(tokens, self._logprobs(flat), spec)
+
+    def _logprobs(self, rows: list[tuple[str, int, mx.array]]) -> dict[str, Any]:
+        """The sampled token's log-probability and the top alternatives, for rows that asked.
+        A row that emitted several tokens this step gets a list, one entry per token."""
+        want = [(s, t, lp) for s, t, lp in rows if self._requests[s].logprobs is not None]
         if not want:
             return {}
-        rows = mx.stack([r.logprobs for _, r in want])
-        k = max(1, max(self._requests[s].logprobs or 0 for s, _ in want))
-        top_ids = mx.argpartition(-rows, k - 1, axis=-1)[:, :k]
-        top_lps = mx.take_along_axis(rows, top_ids, axis=-1)
-        chosen = mx.take_along_axis(rows, mx.array([[r.token] for _, r in want]), axis=-1)
+        stacked = mx.stack([lp for _, _, lp in want])
+        k = max(1, max(self._requests[s].logprobs or 0 for s, _, _ in want))
+        top_ids = mx.argpartition(-stacked, k - 1, axis=-1)[:, :k]
+        top_lps = mx.take_along_axis(stacked, top_ids, axis=-1)
+        chosen = mx.take_along_axis(stacked, mx.array([[t] for _, t, _ in want]), axis=-1)
         mx.eval(top_ids, top_lps, chosen)
-        out = {}
-        for (seq_id, _), ids, lps, lp in zip(want, top_ids.tolist(), top_lps.tolist(), chosen.tolist()):
+        out: dict[str, Any] = {}
+        for (seq_id, _, _), ids, lps, lp in zip(want, top_ids.tolist(), top_lps.tolist(), chosen.tolist()):
             n = self._requests[seq_id].logprobs or 0
-            top = sorted(zip(ids, lps), key=lambda p: -p[1])[:n]
-            out[seq_id] = (lp[0], tuple(top))
+            entry = (lp[0], tuple(sorted(zip(ids, lps), key=lambda p: -p[1])[:n]))
+            if seq_id in out:
+                prev = out[seq_id]
+                out[seq_id] = (prev if isinstance(prev, list) else [prev]) + [entry]
+            else:
+                out[seq_id] = entry
         return out
 
     def _join(self, finals: list[tuple[PromptProcessingBatch, list[int]]]) -> None:
@@ -120,7 +194,10 @@ class BatchRunner:
         merged = finals[0][0]
         for batch, _ in finals[1:]:
             merged.extend(batch)
+        prompts = [list(self._requests[self._seq_of[uid]].prompt_tokens) for uid in merged.uids]
         self._gen.extend(merged.generate([tokens for _, tokens in finals]))
+        if self._draft_rows is not None:
+            self._draft_rows.prefill(prompts)
 
     def _leave_prompt(self, batch: PromptProcessingBatch, tokens: list[int]) -> list[int]:
         """Prefill all but the last prompt token and leave that KV for the sibling choices."""
@@ -137,6 +214,7 @@ class BatchRunner:
         for s in seq_ids:
             self._prompts.pop(s, None)
             self._requests.pop(s, None)
+            self._spec.pop(s, None)
         for uid in gone:
             self._seq_of.pop(uid, None)
         keep = [i for i, uid in enumerate(self._gen.uids) if uid not in gone]
@@ -151,7 +229,7 @@ class BatchRunner:
     def reset(self) -> None:
         """Forget every row (after a fault): the next request starts from a clean batch."""
         self.__init__(self.model, prefill_step_size=self.prefill_step_size,  # type: ignore[misc]
-                      prefix_cache=self.prefix_cache)
+                      prefix_cache=self.prefix_cache, speculation=self.speculation)
 
     @property
     def num_rows(self) -> int:

@@ -24,23 +24,46 @@ from engine.types import SamplingParams
 Sampler = Callable[[mx.array], mx.array]
 
 
-def make_row_sampler(s: SamplingParams) -> Sampler:
-    if s.greedy:
-        return greedy_sampler
-    filters = _filters(s)
-    inv_temp = 1.0 / s.temperature
-    key = mx.random.key(s.seed) if s.seed is not None else None
+class RowSampler:
+    """A non-greedy row's sampler: its filters, temperature and (when seeded) its own key."""
 
-    def sample(logprobs: mx.array) -> mx.array:
-        nonlocal key
-        for f in filters:
+    def __init__(self, s: SamplingParams) -> None:
+        self._filters = _filters(s)
+        self._inv_temp = 1.0 / s.temperature
+        self._key = mx.random.key(s.seed) if s.seed is not None else None
+
+    def _scaled(self, logprobs: mx.array) -> mx.array:
+        for f in self._filters:
             logprobs = f(logprobs)
-        if key is None:
-            return mx.random.categorical(logprobs * inv_temp)
-        key, sub = mx.random.split(key)
-        return mx.random.categorical(logprobs * inv_temp, key=sub)
+        return logprobs * self._inv_temp
 
-    return sample
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        if self._key is None:
+            return mx.random.categorical(self._scaled(logprobs))
+        self._key, sub = mx.random.split(self._key)
+        return mx.random.categorical(self._scaled(logprobs), key=sub)
+
+    def many(self, logprobs: mx.array) -> tuple[mx.array, Callable[[int], None]]:
+        """One token per row of `logprobs` (consecutive positions of one sequence), and a
+        commit(m) that leaves the key as if only the first m had been sampled."""
+        if self._key is None:
+            return mx.random.categorical(self._scaled(logprobs)), lambda m: None
+        keys, subs = [self._key], []
+        for _ in range(logprobs.shape[0]):
+            nxt, sub = mx.random.split(keys[-1])
+            keys.append(nxt)
+            subs.append(sub)
+        scaled = self._scaled(logprobs)
+        tokens = mx.concatenate([mx.random.categorical(scaled[j:j + 1], key=sub) for j, sub in enumerate(subs)])
+
+        def commit(m: int) -> None:
+            self._key = keys[m]
+
+        return tokens, commit
+
+
+def make_row_sampler(s: SamplingParams) -> Sampler:
+    return greedy_sampler if s.greedy else RowSampler(s)
 
 
 def _filters(s: SamplingParams) -> list[Callable[[mx.array], mx.array]]:

@@ -38,6 +38,8 @@ class Sequence:
     num_computed: int = 0
     num_generated: int = 0
     state: SeqState = SeqState.WAITING
+    drafted: int = 0
+    accepted: int = 0
 
     @property
     def id(self) -> str:
@@ -73,13 +75,20 @@ class StepPlan:
         return not (self.prefill or self.decode or self.release)
 
 
+TokenLogprobs = tuple[float, tuple[tuple[int, float], ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class StepOutput:
-    """Tokens sampled this step, by sequence: decoding rows and rows that just joined."""
+    """Tokens sampled this step, by sequence: decoding rows and rows that just joined.
+    A speculating row may emit several tokens in one step (a tuple, in order)."""
 
-    tokens: dict[str, int] = field(default_factory=dict)
-    # For rows that asked: (the token's log-probability, top (id, log-probability) pairs).
-    logprobs: dict[str, tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=dict)
+    tokens: dict[str, int | tuple[int, ...]] = field(default_factory=dict)
+    # For rows that asked: (the token's log-probability, top (id, log-probability) pairs);
+    # a list of those for a row that emitted several tokens.
+    logprobs: dict[str, TokenLogprobs | list[TokenLogprobs]] = field(default_factory=dict)
+    # Speculating rows: (draft tokens verified, draft tokens accepted) this step.
+    speculation: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +98,9 @@ class TokenUpdate:
     finish: FinishReason | None
     num_generated: int
     num_cached: int
-    logprobs: tuple[float, tuple[tuple[int, float], ...]] | None = None
+    logprobs: TokenLogprobs | None = None
+    drafted: int = 0  # this sequence's speculation so far: draft tokens verified and accepted
+    accepted: int = 0
 
 
 @dataclass(slots=True)
@@ -99,6 +110,7 @@ class SchedulerConfig:
     token_budget: int = 2048
     max_waiting: int = 64
     kv_capacity_tokens: int | None = None
+    draft_tokens: int = 0  # a decoding row may verify this many draft tokens a step, on the budget
 
 
 class Scheduler:
@@ -106,9 +118,9 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, eos_token_ids: frozenset[int],
                  cached_prefix: Callable[[Request], int] | None = None) -> None:
-        if config.max_running > config.token_budget:
-            raise ValueError(f"max_running ({config.max_running}) exceeds token_budget "
-                             f"({config.token_budget}): decode rows alone would overrun a step")
+        if config.max_running * (1 + config.draft_tokens) > config.token_budget:
+            raise ValueError(f"max_running ({config.max_running}) × (1 + draft tokens {config.draft_tokens}) "
+                             f"exceeds token_budget ({config.token_budget}): decode rows alone would overrun a step")
         self.config = config
         self.eos = eos_token_ids
         self.cached_prefix: Callable[[Request], int] = cached_prefix or (lambda _r: 0)
@@ -182,7 +194,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         release = self.take_releases()
-        budget = self.config.token_budget - len(self.decoding)
+        budget = self.config.token_budget - len(self.decoding) * (1 + self.config.draft_tokens)
         admitted = self._admit()
         chunks = []
         for seq in self.prefilling:
@@ -237,16 +249,24 @@ class Scheduler:
                 seq.state = SeqState.DECODING
                 self.decoding.append(seq)
         updates = []
-        for seq_id, token in output.tokens.items():
+        for seq_id, emitted in output.tokens.items():
             seq = self._by_id.get(seq_id)
             if seq is None or seq.state is not SeqState.DECODING:
                 continue
-            seq.num_generated += 1
-            finish = self._finish_reason(seq, token)
-            updates.append(TokenUpdate(seq_id, token, finish, seq.num_generated, seq.num_cached,
-                                       output.logprobs.get(seq_id)))
-            if finish is not None:
-                self._retire(seq)
+            drafted, accepted = output.speculation.get(seq_id, (0, 0))
+            seq.drafted += drafted
+            seq.accepted += accepted
+            tokens = emitted if isinstance(emitted, tuple) else (emitted,)
+            lps = output.logprobs.get(seq_id)
+            lps_each = lps if isinstance(lps, list) else [lps] * len(tokens)
+            for token, lp in zip(tokens, lps_each):
+                seq.num_generated += 1
+                finish = self._finish_reason(seq, token)
+                updates.append(TokenUpdate(seq_id, token, finish, seq.num_generated, seq.num_cached,
+                                           lp, seq.drafted, seq.accepted))
+                if finish is not None:
+                    self._retire(seq)
+                    break
         return updates
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:

@@ -33,6 +33,10 @@ class ChatTokenizer:
         """Raw text prompt: BOS added when the tokenizer's config says so."""
         return list(self._wrapper.encode(text))
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """Text that continues a sequence (a predicted output): no BOS or other special tokens."""
+        return list(self._wrapper.encode(text, add_special_tokens=False))
+
     def decode(self, ids: list[int]) -> str:
         return str(self._wrapper.decode(ids))
 

@@ -46,6 +46,10 @@ class Request:
     tools: tuple[dict[str, Any], ...] | None = None
     # Log-probabilities of each sampled token with this many top alternatives (None: off).
     logprobs: int | None = None
+    # Speculative decoding: at most this many draft tokens a step (None: the server's; 0: off),
+    # and the client's predicted output (OpenAI Predicted Outputs), tokenized.
+    num_draft_tokens: int | None = None
+    prediction: tuple[int, ...] | None = None
 
 
 class FinishReason(enum.Enum):
@@ -59,6 +63,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    drafted_tokens: int = 0  # speculative decoding: draft tokens verified, and how many were accepted
+    accepted_tokens: int = 0
+    predicted: bool = False  # the drafts came from the client's prediction (Predicted Outputs)
 
     @property
     def total_tokens(self) -> int:
@@ -140,6 +147,9 @@ class Counters:
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually computed (the rest came from the prefix cache)
     generated_tokens: int = 0
+    spec_decode_num_drafts: int = 0  # speculative decoding: row-steps that verified drafts,
+    spec_decode_num_draft_tokens: int = 0  # the draft tokens verified,
+    spec_decode_num_accepted_tokens: int = 0  # and those accepted
     num_requests_running: int = 0  # gauges, refreshed every engine step
     num_requests_waiting: int = 0
     kv_cache_usage_perc: float = 0.0  # KV tokens held / the admission plan's KV capacity

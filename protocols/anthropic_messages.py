@@ -359,12 +359,13 @@ def stop_reason(reason: FinishReason, stop_sequence: str | None) -> str:
     return "stop_sequence" if stop_sequence is not None else _STOP_REASONS[reason]
 
 
-def usage_json(usage: Usage) -> dict[str, int]:
+def usage_json(usage: Usage) -> dict[str, Any]:
     """Anthropic counts cache reads apart: input + cache_read is the whole prompt."""
     return {"input_tokens": usage.prompt_tokens - usage.cached_tokens,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": usage.cached_tokens,
-            "output_tokens": usage.completion_tokens}
+            "output_tokens": usage.completion_tokens,
+            **common.speculation_json(usage)}
 
 
 def _message_head(job: Job) -> dict[str, Any]:

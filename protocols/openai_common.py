@@ -118,8 +118,6 @@ def check_supported(fields: OpenAIFields) -> None:
     if fields.response_format is not None and fields.response_format.type != "text":
         kind = fields.response_format.type
         raise unsupported("response_format", f"`response_format` of type {kind!r}")
-    if fields.prediction is not None:
-        raise unsupported("prediction")
     if fields.xtc_probability:
         raise unsupported("xtc_probability", "`xtc_probability` > 0")
     _check_model_options(fields)
@@ -131,8 +129,31 @@ def _check_model_options(fields: OpenAIFields) -> None:
         raise unsupported("adapters")
     if fields.draft_model not in (None, "default_model"):
         raise unsupported("draft_model")
-    if fields.num_draft_tokens is not None:
-        raise unsupported("num_draft_tokens")
+    if fields.num_draft_tokens is not None and not 0 <= fields.num_draft_tokens <= MAX_DRAFT_TOKENS:
+        raise InvalidRequest(f"`num_draft_tokens` must be between 0 and {MAX_DRAFT_TOKENS}",
+                             param="num_draft_tokens")
+
+
+MAX_DRAFT_TOKENS = 16
+
+
+def prediction_tokens(prediction: Any, ctx: ProtocolContext) -> tuple[int, ...] | None:
+    """OpenAI Predicted Outputs: `{"type": "content", "content": text or text parts}` → token ids."""
+    if prediction is None:
+        return None
+    if not isinstance(prediction, dict) or prediction.get("type") != "content":
+        raise InvalidRequest("`prediction` must be {\"type\": \"content\", \"content\": ...}",
+                             param="prediction.type")
+    content = prediction.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise InvalidRequest("`prediction.content` parts must be text parts", param="prediction.content")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise InvalidRequest("`prediction.content` must be a string or a list of text parts",
+                             param="prediction.content")
+    return tuple(ctx.tokenizer.encode_continuation(content)) if content else None
 
 
 def sampling_params(fields: OpenAIFields, ctx: ProtocolContext) -> SamplingParams:
@@ -233,6 +254,8 @@ def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolConte
         stop=stop_strings(fields.stop),
         tools=tuple(tools) if tools else None,
         logprobs=logprobs,
+        num_draft_tokens=fields.num_draft_tokens,
+        prediction=prediction_tokens(fields.prediction, ctx),
     )
     return Job(request, stream=bool(fields.stream), include_usage=include_usage(fields),
                model=fields.model or ctx.model_id, n=fields.n or 1)
@@ -247,8 +270,21 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "accepted_prediction_tokens": usage.accepted_tokens if usage.predicted else 0,
+            "rejected_prediction_tokens": usage.drafted_tokens - usage.accepted_tokens if usage.predicted else 0,
+        },
+        **speculation_json(usage),
     }
+
+
+def speculation_json(usage: Usage) -> dict[str, Any]:
+    """The `speculation` usage extension, present when the request's tokens were speculated."""
+    if not usage.drafted_tokens:
+        return {}
+    return {"speculation": {"drafted": usage.drafted_tokens, "accepted": usage.accepted_tokens,
+                            "acceptance_rate": round(usage.accepted_tokens / usage.drafted_tokens, 4)}}
 
 
 def system_fingerprint(model_id: str) -> str:
@@ -303,7 +339,9 @@ def sse(payload: dict[str, Any]) -> bytes:
 def combined_usage(usages: list[Usage]) -> Usage:
     """One call's usage over its choices: the prompt counted once, completions summed."""
     first = usages[0]
-    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), first.cached_tokens)
+    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), first.cached_tokens,
+                 sum(u.drafted_tokens for u in usages), sum(u.accepted_tokens for u in usages),
+                 first.predicted)
 
 
 class ChunkStream:

@@ -390,7 +390,8 @@ def usage_json(usage: Usage) -> dict[str, Any]:
             "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-            "total_tokens": usage.total_tokens}
+            "total_tokens": usage.total_tokens,
+            **common.speculation_json(usage)}
 
 
 def text_part(text: str) -> dict[str, Any]:

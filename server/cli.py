@@ -39,7 +39,19 @@ def engine_settings(config: Config) -> Any:
                           prompt_cache_bytes=config.prompt_cache_bytes,
                           seed=config.seed,
                           memory_budget_bytes=config.memory_budget_bytes,
-                          max_context=config.max_context)
+                          max_context=config.max_context,
+                          draft_kind=config.draft_kind,
+                          num_draft_tokens=config.num_draft_tokens,
+                          draft_spec=draft_spec(config))
+
+
+def draft_spec(config: Config) -> Any:
+    from engine.loader import prepare
+
+    if not config.draft_model:
+        return None
+    return prepare(config.draft_model, trust_remote_code=config.trust_remote_code,
+                   dequantize=config.dequantize)
 
 
 def model_spec(config: Config) -> Any:
@@ -52,7 +64,7 @@ def model_spec(config: Config) -> Any:
 
 def build_engine(config: Config) -> Any:
     """A child-process engine (the default) or one on a thread of this process."""
-    from engine.assemble import load_and_build, make_core
+    from engine.assemble import load_and_build, load_draft, make_core
     from engine.engine import Engine
     from engine.loader import LoadedModel, load_model, load_tokenizer
     from engine.process import ProcessEngine
@@ -65,10 +77,12 @@ def build_engine(config: Config) -> Any:
             spec = model_spec(config)
             holder["adapter"] = spec.adapter_path
             loaded = load_model(spec)
+            if settings.draft_spec is not None:
+                holder["draft"] = load_draft(loaded, settings.draft_spec)
             return loaded
 
         return Engine(load, lambda loaded, counters: make_core(loaded, counters, settings,
-                                                                holder.get("adapter")),
+                                                                holder.get("adapter"), holder.get("draft")),
                       capacity=settings.capacity)
 
     def prepare() -> tuple[Any, tuple[Any, ...]]:

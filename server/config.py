@@ -13,7 +13,8 @@ SECONDS = 1.0
 MIB = 1 << 20
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # mlx_lm.server flags whose behaviour we do not have yet: refused, never ignored.
-NOT_YET = ("draft_model", "kv_bits", "pipeline")
+NOT_YET = ("kv_bits", "pipeline")
+DRAFT_KINDS = ("ngram", "draft")
 
 
 @dataclass(slots=True)
@@ -45,6 +46,7 @@ class Config:
     prompt_cache_bytes: int | None = None
     draft_model: str | None = None
     num_draft_tokens: int = 3
+    draft_kind: str | None = None
     kv_bits: int | None = None
     pipeline: bool = False
     max_body_bytes: int = 32 * MIB
@@ -118,8 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-context", type=int, help="cap on prompt + max_tokens per request (default: what fits)")
     a("--prompt-cache-size", type=int, help="max prompt-cache entries (10)")
     a("--prompt-cache-bytes", type=_parse_size, help="max prompt-cache bytes, e.g. 4G")
-    a("--draft-model", help="draft model for speculative decoding (not supported yet)")
-    a("--num-draft-tokens", type=int, help="draft tokens per step (3)")
+    a("--draft-model", help="draft model for speculative decoding (same tokenizer as --model)")
+    a("--num-draft-tokens", type=int, help="draft tokens verified per step, 1-16 (3)")
+    a("--draft-kind", choices=DRAFT_KINDS,
+      help="speculative decoding drafter: ngram (prompt lookup, no second model) or draft "
+           "(--draft-model; implied by it). Default: off")
     a("--kv-bits", type=int, help="KV cache quantization bits (not supported yet)")
     a("--pipeline", action="store_true", help="pipeline parallel (not supported yet)")
     a("--max-body-bytes", type=_parse_size, help="largest request body (32M)")
@@ -183,6 +188,14 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
     for name in NOT_YET:
         if getattr(cfg, name):
             parser.error(f"--{name.replace('_', '-')} is not supported yet")
+    if cfg.draft_model and cfg.draft_kind is None:
+        cfg.draft_kind = "draft"
+    if cfg.draft_kind == "draft" and not cfg.draft_model:
+        parser.error("--draft-kind draft needs --draft-model")
+    if cfg.draft_kind == "ngram" and cfg.draft_model:
+        parser.error("--draft-model drafts with a model; it cannot be combined with --draft-kind ngram")
+    if not 1 <= cfg.num_draft_tokens <= 16:
+        parser.error("--num-draft-tokens must be between 1 and 16")
     if not 0 < cfg.port < 65536:
         parser.error(f"--port {cfg.port} is out of range")
     if cfg.max_tokens < 1:

@@ -34,6 +34,9 @@ class FakeTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(ch) % self.vocab_size for ch in text]
 
+    def encode_continuation(self, text: str) -> list[int]:
+        return self.encode(text)
+
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                     template_kwargs: dict[str, Any] | None = None) -> list[int]:
         self.chat_calls.append(ChatCall(messages, tools, template_kwargs))

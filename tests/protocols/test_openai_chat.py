@@ -209,7 +209,8 @@ def test_to_json_matches_openai_shape(ctx: ProtocolContext) -> None:
         "usage": {
             "prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
             "prompt_tokens_details": {"cached_tokens": 8},
-            "completion_tokens_details": {"reasoning_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
+                                          "rejected_prediction_tokens": 0},
         },
     }
     sdk = ChatCompletion.model_validate(body)
@@ -265,7 +266,8 @@ def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Fr
     assert frames[-2]["usage"] == {
         "prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
         "prompt_tokens_details": {"cached_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
+                                          "rejected_prediction_tokens": 0},
     }
     assert frames[-1] == "[DONE]"
     chunks = [ChatCompletionChunk.model_validate(f) for f in frames[:-1]]

@@ -180,11 +180,9 @@ def test_parse_rejects_invalid_fields(fmt: Callable[..., Job], field: str, value
          "`response_format` of type 'json_object' is not supported yet"),
         ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}},
          "`response_format` of type 'json_schema' is not supported yet"),
-        ("prediction", {"type": "content", "content": "x"}, "`prediction` is not supported yet"),
         ("xtc_probability", 0.5, "`xtc_probability` > 0 is not supported yet"),
         ("adapters", "path/to/adapter", "`adapters` is not supported yet"),
         ("draft_model", "some/draft", "`draft_model` is not supported yet"),
-        ("num_draft_tokens", 3, "`num_draft_tokens` is not supported yet"),
     ],
 )
 def test_parse_rejects_unsupported_fields(fmt: Callable[..., Job], field: str, value: Any,
@@ -308,3 +306,34 @@ def test_system_fingerprint_is_stable_per_model() -> None:
     assert fp == openai_common.system_fingerprint("a/b") != openai_common.system_fingerprint("a/c")
     assert fp.startswith("fp_") and len(fp) == 13
 
+
+
+# --- speculative decoding fields -------------------------------------------------------------
+
+
+def test_prediction_and_num_draft_tokens_reach_the_engine_request(fmt: Callable[..., Job]) -> None:
+    job = fmt(prediction={"type": "content", "content": "abc"}, num_draft_tokens=2)
+    assert job.request.prediction == tuple(ord(c) for c in "abc")
+    assert job.request.num_draft_tokens == 2
+    parts = fmt(prediction={"type": "content", "content": [{"type": "text", "text": "ab"},
+                                                           {"type": "text", "text": "c"}]})
+    assert parts.request.prediction == job.request.prediction
+    assert fmt(num_draft_tokens=0).request.num_draft_tokens == 0
+    plain = fmt().request
+    assert (plain.prediction, plain.num_draft_tokens) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"prediction": {"type": "text", "content": "x"}}, "prediction.type"),
+        ({"prediction": "just a string"}, "prediction.type"),
+        ({"prediction": {"type": "content", "content": 5}}, "prediction.content"),
+        ({"prediction": {"type": "content", "content": [{"type": "image_url"}]}}, "prediction.content"),
+        ({"num_draft_tokens": -1}, "num_draft_tokens"),
+        ({"num_draft_tokens": 17}, "num_draft_tokens"),
+    ],
+)
+def test_bad_speculation_fields_are_400s_naming_the_field(fmt: Callable[..., Job], fields: Body,
+                                                          param: str) -> None:
+    assert parse_error(fmt, **fields).param == param

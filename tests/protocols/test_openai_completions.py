@@ -136,7 +136,8 @@ def test_to_json_matches_openai_shape(ctx: ProtocolContext) -> None:
         "usage": {
             "prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
             "prompt_tokens_details": {"cached_tokens": 0},
-            "completion_tokens_details": {"reasoning_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
+                                          "rejected_prediction_tokens": 0},
         },
     }
     sdk = Completion.model_validate(body)

@@ -49,6 +49,9 @@ class FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) % 1000 for c in text]
 
+    def encode_continuation(self, text: str) -> list[int]:
+        return self.encode(text)
+
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(i) for i in ids)
 

@@ -1,0 +1,147 @@
+"""Where draft tokens come from, and when a row should stop asking for them.
+
+A drafter proposes the tokens that follow a row's history. Prompt lookup (n-grams) finds the
+row's latest n-gram earlier in its own prompt and output and proposes what followed it; a
+prediction (OpenAI Predicted Outputs) is the same lookup over the text the client expects.
+Drafts cost nothing to make here; a draft model's drafts are made inside the batch step
+(engine/speculative.py), not by these classes.
+
+NOTE, the lazy guess. After a plain (pipelined) decode step the row's next input token is still
+being computed when drafts are wanted. Rather than wait for it, a drafter may look up the
+history *without* it and return `guess`: its prediction of that token. The verify step then
+accepts nothing when the guess turns out wrong — it costs a wider forward, never correctness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_NGRAM = 3
+
+
+@dataclass(slots=True)
+class Draft:
+    guess: int | None  # the drafter's prediction of the pending input token (None: drafts follow it)
+    tokens: list[int]
+
+
+@dataclass(slots=True)
+class NgramIndex:
+    """n-gram → where it last ended, over one growing token sequence (n = 1..MAX_NGRAM)."""
+
+    min_n: int = 1
+    _ends: dict[tuple[int, ...], int] = field(default_factory=dict)
+    _upto: int = 0  # n-grams ending at or before this position are indexed
+
+    def index(self, seq: list[int], end: int) -> None:
+        """Index every n-gram of seq that ends at or before `end`."""
+        for stop in range(self._upto + 1, end + 1):
+            for n in range(1, min(MAX_NGRAM, stop) + 1):
+                self._ends[tuple(seq[stop - n:stop])] = stop
+        self._upto = max(self._upto, end)
+
+    def find(self, tail: list[int]) -> int | None:
+        """Where the longest indexed n-gram that ends `tail` last ended."""
+        for n in range(min(MAX_NGRAM, len(tail)), self.min_n - 1, -1):
+            at = self._ends.get(tuple(tail[len(tail) - n:]))
+            if at is not None:
+                return at
+        return None
+
+    def lookup(self, seq: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of seq's tail."""
+        self.index(seq, len(seq) - 1)  # the tail itself ends at len(seq): never found
+        at = self.find(seq)
+        return seq[at:at + k] if at is not None else []
+
+
+class PromptLookup:
+    """Drafts from the row's own prompt and output (`--draft-kind ngram`)."""
+
+    def __init__(self) -> None:
+        self._index = NgramIndex(min_n=2)
+
+    def draft(self, history: list[int], pending: int | None, k: int) -> Draft:
+        if pending is not None:
+            return Draft(None, self._index.lookup([*history, pending], k))
+        return _guessed(self._index.lookup(history, k + 1))
+
+
+class PredictionLookup:
+    """Drafts from the client's predicted output: where the output's tail sits in the prediction,
+    propose what comes next there. Before any output, the prediction's opening is the draft.
+    The match continues from where the last one left off when the output still follows it."""
+
+    def __init__(self, prediction: tuple[int, ...], prompt_len: int) -> None:
+        self._pred = list(prediction)
+        self._prompt_len = prompt_len
+        self._index = NgramIndex(min_n=1)
+        self._index.index(self._pred, len(self._pred))
+        self._cursor: tuple[int, int] | None = None  # (position in prediction, output length then)
+
+    def draft(self, history: list[int], pending: int | None, k: int) -> Draft:
+        out = history[self._prompt_len:]
+        if pending is not None:
+            out = [*out, pending]
+        want = k if pending is not None else k + 1
+        at = self._locate(out)
+        found = self._pred[at:at + want] if at is not None else []
+        if at is not None:
+            self._cursor = (at, len(out))
+        return Draft(None, found) if pending is not None else _guessed(found)
+
+    def _locate(self, out: list[int]) -> int | None:
+        if not out:
+            return 0
+        if self._cursor is not None:
+            at = self._cursor[0] + len(out) - self._cursor[1]
+            n = min(MAX_NGRAM, len(out), at)
+            if 0 < at <= len(self._pred) and self._pred[at - n:at] == out[len(out) - n:]:
+                return at
+        return self._index.find(out)
+
+
+def _guessed(found: list[int]) -> Draft:
+    # Looked up without the pending token: the first token found is the guess for it.
+    return Draft(found[0], found[1:]) if len(found) > 1 else Draft(None, [])
+
+
+@dataclass(slots=True)
+class RowSpeculation:
+    """One row's speculation: its drafter, its γ, its acceptance, and whether it is paused.
+
+    Adaptive: after a few drafting steps, a row whose accepted share of drafted tokens is
+    below `min_acceptance` pauses for a while (doubling each time), so a row that never
+    matches stops paying for wider forwards.
+    """
+
+    drafter: PromptLookup | PredictionLookup | None  # None: the draft model drafts
+    k: int
+    prediction: bool = False
+    min_acceptance: float = 0.25
+    drafted: int = 0
+    accepted: int = 0
+    _window_drafted: int = 0
+    _window_accepted: int = 0
+    _pause: int = 0
+    _backoff: int = 8
+
+    @property
+    def active(self) -> bool:
+        if self._pause > 0:
+            self._pause -= 1
+            return False
+        return self.k > 0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self._window_drafted += drafted
+        self._window_accepted += accepted
+        if self._window_drafted < 4 * max(self.k, 1):
+            return
+        if self._window_accepted < self.min_acceptance * self._window_drafted and not self.prediction:
+            self._pause, self._backoff = self._backoff, min(self._backoff * 2, 256)
+        elif self._window_accepted >= self.min_acceptance * self._window_drafted:
+            self._backoff = 8
+        self._window_drafted = self._window_accepted = 0

@@ -1,0 +1,244 @@
+"""Speculative decoding as a property of the continuous batch.
+
+NOTE, the step. Every row of the generation batch has one pending input token (sampled last
+step, not yet in the KV cache). A speculative step feeds each row its pending token followed by
+its draft tokens — rows without drafts are padded, so rows with and without speculation share
+one target forward of width W = 1 + the longest draft. Each row's W positions are sampled with
+the row's own processors and sampler; the row accepts its drafts while they equal what the
+target sampled (so the accepted text is distributed exactly as the target's), emits the pending
+token plus the accepted drafts, and keeps the first target sample it did not accept as its next
+pending token. Rejected positions are cut per row from the KV caches (target and draft): the
+cut tail is rolled to the row's front and becomes left padding, mlx-lm's own way of turning
+right padding into left padding, so every row keeps one shared write position.
+
+The draft model, when there is one, mirrors the batch's rows in its own batch caches; it
+catches up on whatever tokens it has not seen (ragged, right-padded, then cut the same way) and
+drafts greedily, all as one lazy graph with the target's verify forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll, make_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
+
+from engine.drafting import Draft
+
+
+class DraftMismatch(ValueError):
+    """A draft model that cannot serve this target (different tokenizer, unsupported caches)."""
+
+
+@dataclass(slots=True)
+class RowResult:
+    uid: int
+    tokens: list[int]  # the pending token plus the accepted drafts, in order
+    logprobs: list[mx.array]  # each token's distribution (log-probabilities over the vocabulary)
+    drafted: int
+    accepted: int
+
+
+def can_speculate(model: Any) -> bool:
+    """Speculation cuts KV per row; that needs plain (non-rotating, unquantized) caches."""
+    return all(type(c) is KVCache for c in make_prompt_cache(model))
+
+
+def cut_rows(caches: list[Any], cut: list[int]) -> None:
+    """Drop the last cut[i] positions of row i from every layer's batch cache."""
+    low, high = min(cut), max(cut)
+    if high == 0:
+        return
+    shift = mx.array([c - low for c in cut]) if high > low else None
+    for c in caches:
+        if low:
+            c.trim(low)
+        if shift is not None:
+            keys, values = c.keys[..., :c._idx, :], c.values[..., :c._idx, :]
+            c.keys = dynamic_roll(keys, shift[:, None], axis=2)
+            c.values = dynamic_roll(values, shift[:, None], axis=2)
+            c.offset = c.offset - shift
+            c.left_padding = c.left_padding + shift
+
+
+class DraftRows:
+    """The draft model's KV for every row of the batch, in the batch's row order."""
+
+    def __init__(self, model: Any, prefill_step_size: int) -> None:
+        self.model = model
+        self.prefill_step_size = prefill_step_size
+        self.caches: list[Any] = []
+        self.seen: list[int] = []  # tokens of each row's history the draft's cache holds
+
+    def prefill(self, prompts: list[list[int]]) -> None:
+        """New rows joined the batch with these prompts (their whole prompt is in the target KV)."""
+        rows = []
+        for prompt in prompts:
+            cache = make_prompt_cache(self.model)
+            for at in range(0, len(prompt), self.prefill_step_size):
+                self.model(mx.array(prompt[at:at + self.prefill_step_size])[None], cache=cache)
+                mx.eval([c.state for c in cache])
+            rows.append(cache)
+        merged = [rows[0][i].merge([r[i] for r in rows]) for i in range(len(rows[0]))]
+        if not self.caches:
+            self.caches = merged
+        else:
+            for mine, theirs in zip(self.caches, merged):
+                mine.extend(theirs)
+        self.seen.extend(len(p) for p in prompts)
+
+    def filter(self, keep: list[int]) -> None:
+        self.seen = [self.seen[i] for i in keep]
+        if not keep:
+            self.caches = []
+            return
+        for c in self.caches:
+            c.filter(keep)
+
+    def draft(self, histories: list[list[int]], pending: mx.array, k: int) -> mx.array:
+        """k greedy draft tokens per row (B, k), lazily, after each row's history + pending."""
+        missing = [h[s:] for h, s in zip(histories, self.seen)]
+        width = 1 + max(len(m) for m in missing)
+        rows = mx.array([m + [0] * (width - len(m)) for m in missing], dtype=mx.uint32)
+        last = mx.array([len(m) for m in missing])
+        at_pending = mx.arange(width)[None, :] == last[:, None]
+        inputs = mx.where(at_pending, pending.astype(mx.uint32)[:, None], rows)
+        logits = self.model(inputs, cache=self.caches)
+        picked = mx.take_along_axis(logits, last[:, None, None], axis=1)[:, 0, :]
+        cut_rows(self.caches, [width - 1 - len(m) for m in missing])
+        self.seen = [len(h) + 1 for h in histories]
+        drafts = [mx.argmax(picked, axis=-1)]
+        for _ in range(k - 1):
+            logits = self.model(drafts[-1][:, None], cache=self.caches)
+            drafts.append(mx.argmax(logits[:, -1, :], axis=-1))
+        return mx.stack(drafts, axis=1)
+
+    def settle(self, accepted: list[int], k: int) -> None:
+        """After verification: keep the pending token and the accepted drafts the draft has fed."""
+        kept = [min(a, k - 1) for a in accepted]
+        cut_rows(self.caches, [(k - 1) - a for a in kept])
+        self.seen = [s + a for s, a in zip(self.seen, kept)]
+
+
+class SpecBatch(GenerationBatch):
+    """mlx-lm's generation batch plus a speculative step (see the module note)."""
+
+    draft_rows: DraftRows | None = None
+    known: dict[int, int]  # uid → its pending token, when a speculative step left it concrete
+
+    def next(self) -> list[Any]:
+        self.known = {}
+        return super().next()
+
+    def filter(self, keep: list[int]) -> None:
+        super().filter(keep)
+        if self.draft_rows is not None:
+            self.draft_rows.filter(keep)
+
+    def pending(self, row: int) -> int | None:
+        return getattr(self, "known", {}).get(self.uids[row])
+
+    def speculate(self, drafts: list[Draft | None], draft_k: list[int] | None = None) -> list[RowResult]:
+        """One verify step for the whole batch. `drafts[i]` is row i's lookup draft (or None);
+        `draft_k[i]` (with a draft model) is how many of the model's drafts row i takes."""
+        pending = self._next_tokens
+        model_drafts = None
+        if self.draft_rows is not None and draft_k is not None and max(draft_k) > 0:
+            model_drafts = self.draft_rows.draft(self.tokens, pending, max(draft_k))
+        lengths = [len(d.tokens) if d is not None else 0 for d in drafts]
+        if draft_k is not None:
+            lengths = [max(n, k) for n, k in zip(lengths, draft_k)]
+        width = 1 + max(lengths)
+        table = mx.array([(d.tokens if d is not None else []) + [0] * (width - 1 - (len(d.tokens) if d else 0))
+                          for d in drafts], dtype=mx.uint32)
+        if model_drafts is not None:
+            use_model = mx.array([d is None or not d.tokens for d in drafts])[:, None]
+            md = model_drafts[:, :width - 1]
+            if md.shape[1] < width - 1:
+                md = mx.pad(md, [(0, 0), (0, width - 1 - md.shape[1])])
+            table = mx.where(use_model, md.astype(mx.uint32), table)
+        inputs = mx.concatenate([pending.astype(mx.uint32)[:, None], table], axis=1)
+        logits = self.model(inputs, cache=self.prompt_cache)
+        logits = self._processed(inputs, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        sampled, commits = self._sample(logprobs)
+        mx.eval(inputs, sampled, self._next_logprobs)
+        fed, got = inputs.tolist(), sampled.tolist()
+        results, cut, accepted_all = [], [], []
+        next_tokens, next_logprobs = [], []
+        for e, uid in enumerate(self.uids):
+            d, n = drafts[e], lengths[e]
+            ok = d is None or d.guess is None or d.guess == fed[e][0]
+            a = 0
+            while ok and a < n and fed[e][1 + a] == got[e][a]:
+                a += 1
+            emitted = fed[e][:1 + a]
+            if commits[e] is not None:
+                commits[e](a + 1)
+            results.append(RowResult(uid, emitted, [self._next_logprobs[e]] + [logprobs[e, j] for j in range(a)],
+                                     n, a))
+            cut.append(width - 1 - a)
+            accepted_all.append(a)
+            next_tokens.append(got[e][a])
+            next_logprobs.append(logprobs[e, a])
+            self.tokens[e].extend(emitted)
+            self._num_tokens[e] += len(emitted)
+            if self.logits_processors[e]:
+                self._token_context[e].update_and_fetch(mx.array(emitted))
+        cut_rows(self.prompt_cache, cut)
+        if model_drafts is not None:
+            self.draft_rows.settle(accepted_all, max(draft_k))  # type: ignore[union-attr,arg-type]
+        self._next_tokens = mx.array(next_tokens, dtype=pending.dtype)
+        self._next_logprobs = next_logprobs
+        self.known = dict(zip(self.uids, next_tokens))
+        return results
+
+    def _processed(self, inputs: mx.array, logits: mx.array) -> mx.array:
+        """Each row's processors at each position, with that position's token context."""
+        if not any(self.logits_processors):
+            return logits
+        rows = []
+        for e, procs in enumerate(self.logits_processors):
+            if not procs:
+                rows.append(logits[e])
+                continue
+            base = self._token_context[e].tokens
+            out = []
+            for j in range(inputs.shape[1]):
+                ctx = mx.concatenate([base, inputs[e, :j + 1].astype(base.dtype)])
+                lj = logits[e, j:j + 1]
+                for p in procs:
+                    lj = p(ctx, lj)
+                out.append(lj)
+            rows.append(mx.concatenate(out, axis=0))
+        return mx.stack(rows)
+
+    def _sample(self, logprobs: mx.array) -> tuple[mx.array, list[Callable[[int], None] | None]]:
+        samplers = [self.fallback_sampler if s is None else s for s in self.samplers]
+        greedy = mx.argmax(logprobs, axis=-1)
+        if all(s is greedy_sampler for s in samplers):
+            return greedy, [None] * len(samplers)
+        rows, commits = [], []
+        for e, s in enumerate(samplers):
+            if s is greedy_sampler or not hasattr(s, "many"):
+                rows.append(greedy[e])
+                commits.append(None)
+                continue
+            toks, commit = s.many(logprobs[e])
+            rows.append(toks.astype(greedy.dtype))
+            commits.append(commit)
+        return mx.stack(rows), commits
+
+
+def empty_batch(model: Any, draft_rows: DraftRows | None) -> SpecBatch:
+    batch = SpecBatch.empty(model, greedy_sampler)
+    batch.draft_rows = draft_rows
+    batch.known = {}
+    return batch
+
+
+__all__ = ["BatchKVCache", "DraftMismatch", "DraftRows", "RowResult", "SpecBatch", "can_speculate", "cut_rows", "empty_batch"]

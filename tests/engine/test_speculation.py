@@ -1,0 +1,201 @@
+"""Speculative decoding inside the batch: drafters, per-row KV cuts, and the greedy oracle.
+
+Tier 3 parts run SmolLM2 in float32 (as the server runs it on a CPU): greedy output with
+speculation — n-gram, a prediction, a draft model that always agrees (the model itself) and one
+that never does (a random tiny model with the same tokenizer) — must equal mlx-lm's plain
+greedy output token for token, alone and in a batch with joins and leaves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load
+from mlx_lm.models.cache import BatchKVCache
+
+from engine.drafting import NgramIndex, PredictionLookup, PromptLookup, RowSpeculation
+from engine.runner import BatchRunner, Speculation
+from engine.scheduler import Scheduler, SchedulerConfig, StepOutput
+from engine.speculative import cut_rows
+from engine.types import Request, SamplingParams
+from tests.engine.test_runner import drive, prompt_ids, reference
+
+COPY_PROMPTS = [
+    "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near the river bank.",
+    "What is the capital of France?",
+    "Copy this list: apples, oranges, pears, plums, grapes, cherries.",
+    "Write a haiku about rain.",
+]
+
+
+# --- drafters (pure Python) -----------------------------------------------------------------
+
+
+def test_ngram_index_finds_the_latest_earlier_occurrence_never_the_tail_itself() -> None:
+    seq = [1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3]
+    assert NgramIndex().lookup(seq, 2) == [7, 1]  # the latest earlier "1 2 3" was followed by 7
+    assert NgramIndex().lookup([5, 6, 7], 3) == []
+    assert NgramIndex(min_n=2).lookup([4, 1, 5, 1], 2) == []  # a 1-gram match is below min_n
+
+
+def test_prompt_lookup_guesses_the_pending_token_when_it_is_not_known_yet() -> None:
+    history = [10, 11, 12, 13, 14, 99, 10, 11]
+    lazy = PromptLookup().draft(history, None, 2)
+    assert (lazy.guess, lazy.tokens) == (12, [13, 14])
+    known = PromptLookup().draft(history, 12, 2)
+    assert (known.guess, known.tokens) == (None, [13, 14])
+
+
+def test_prediction_lookup_follows_the_prediction_and_resyncs_after_an_edit() -> None:
+    pred = (20, 21, 22, 23, 24, 25, 26)
+    d = PredictionLookup(pred, prompt_len=2)
+    first = d.draft([1, 2], None, 3)  # nothing generated yet: the prediction's opening
+    assert (first.guess, first.tokens) == (20, [21, 22, 23])
+    assert d.draft([1, 2, 20, 21], 22, 3).tokens == [23, 24, 25]
+    # the output replaced 23 by 77 and went on with 24: find 24 in the prediction again
+    assert d.draft([1, 2, 20, 21, 22, 77], 24, 2).tokens == [25, 26]
+
+
+def test_a_row_whose_drafts_keep_failing_pauses_then_tries_again() -> None:
+    row = RowSpeculation(PromptLookup(), k=2)
+    for _ in range(4):
+        assert row.active
+        row.record(2, 0)
+    paused = 0
+    while not row.active:
+        paused += 1
+    assert paused == 8  # then it speculates again
+    good = RowSpeculation(PromptLookup(), k=2)
+    for _ in range(8):
+        good.record(2, 2)
+        assert good.active
+
+
+# --- per-row KV cuts -------------------------------------------------------------------------
+
+
+def test_cut_rows_drops_each_rows_own_tail_and_keeps_positions() -> None:
+    mx.random.seed(0)
+    rows = [mx.random.normal((1, 2, n, 4)) for n in (5, 3)]
+    cache = BatchKVCache([0, 2])
+    k = mx.concatenate([mx.pad(rows[0], [(0, 0), (0, 0), (0, 0), (0, 0)]),
+                        mx.pad(rows[1], [(0, 0), (0, 0), (2, 0), (0, 0)])])
+    cache.update_and_fetch(k, k)
+    cut_rows([cache], [2, 0])  # row 0 loses its last two positions, row 1 none
+    keys, _ = cache.keys_and_values()
+    pad = cache.left_padding.tolist()
+    assert cache.offset.tolist() == [3, 3]
+    assert mx.array_equal(keys[0, :, pad[0]:], rows[0][0, :, :3])
+    assert mx.array_equal(keys[1, :, pad[1]:], rows[1][0])
+
+
+# --- the greedy oracle on the real model -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_path: Path) -> tuple[Any, Any]:
+    from engine.loader import maybe_dequantize
+
+    model, tokenizer = load(str(smollm_path))
+    return maybe_dequantize(model), tokenizer
+
+
+@pytest.fixture(scope="module")
+def requests_and_reference(smollm: tuple[Any, Any]) -> tuple[list[Request], dict[str, list[int]]]:
+    model, tokenizer = smollm
+    eos = set(tokenizer.eos_token_ids)
+    reqs = [Request(f"r{i}", prompt_ids(tokenizer, q), SamplingParams(), n)
+            for i, (q, n) in enumerate(zip(COPY_PROMPTS, (28, 10, 24, 20)))]
+    return reqs, {r.id: reference(model, r.prompt_tokens, r.max_tokens, eos) for r in reqs}
+
+
+class Recording(BatchRunner):
+    """A runner that sums what each row drafted and had accepted."""
+
+    def step(self, plan: Any) -> StepOutput:
+        out = super().step(plan)
+        for seq_id, (d, a) in out.speculation.items():
+            seen = self.seen.setdefault(seq_id, [0, 0])
+            seen[0], seen[1] = seen[0] + d, seen[1] + a
+        return out
+
+    seen: dict[str, list[int]]
+
+
+def run_batch(model: Any, tokenizer: Any, requests: list[Request], spec: Speculation,
+              arrivals: tuple[int, ...] = (0, 0, 3, 9)) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    sched = Scheduler(SchedulerConfig(max_running=4, max_prefilling=2, token_budget=64,
+                                      draft_tokens=spec.num_draft_tokens),
+                      frozenset(tokenizer.eos_token_ids))
+    runner = Recording(model, prefill_step_size=64, speculation=spec)
+    runner.seen = {}
+    plan: dict[int, list[Request]] = {}
+    for step, r in zip(arrivals, requests):
+        plan.setdefault(step, []).append(r)
+    return drive(runner, sched, plan), runner.seen
+
+
+@pytest.mark.parametrize("draft", ["ngram", "self", "tiny"])
+def test_speculative_greedy_in_a_batch_with_joins_and_leaves_equals_plain_greedy(
+        smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]],
+        tiny_path: Path, draft: str) -> None:
+    model, tokenizer = smollm
+    reqs, ref = requests_and_reference
+    if draft == "ngram":
+        spec = Speculation("ngram", 3)
+    else:  # the model itself always agrees; a random model with the same tokenizer never does
+        spec = Speculation("draft", 3, model if draft == "self" else load(str(tiny_path))[0])
+    got, seen = run_batch(model, tokenizer, reqs, spec)
+    for r in reqs:
+        assert got[r.id] == ref[r.id], r.id
+    drafted, accepted = sum(d for d, _ in seen.values()), sum(a for _, a in seen.values())
+    assert drafted > 0
+    if draft == "self":
+        assert accepted == drafted
+    if draft == "tiny":
+        assert accepted < drafted / 4
+    if draft == "ngram":  # the copy prompts repeat their own text
+        assert seen["r0"][1] > 0 and seen["r2"][1] > 0
+
+
+def test_a_prediction_speeds_a_request_and_a_wrong_one_changes_nothing(
+        smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]]) -> None:
+    model, tokenizer = smollm
+    reqs, ref = requests_and_reference
+    right = tuple(ref["r0"][:-1])  # the exact answer, as a client editing known text would send
+    wrong = tuple(tokenizer.encode("Bananas are yellow and grow in bunches on tall plants.",
+                                   add_special_tokens=False))
+    asked = [Request("r0", reqs[0].prompt_tokens, SamplingParams(), reqs[0].max_tokens, prediction=right),
+             Request("r1", reqs[1].prompt_tokens, SamplingParams(), reqs[1].max_tokens, prediction=wrong),
+             reqs[2], reqs[3]]
+    got, seen = run_batch(model, tokenizer, asked, Speculation(None, 4))
+    for r in asked:
+        assert got[r.id] == ref[r.id], r.id
+    assert seen["r0"][1] >= len(right) - 4  # nearly every predicted token was accepted
+    assert seen["r1"][1] <= 1
+    assert "r2" not in seen and "r3" not in seen  # no server drafter: only predictions speculate
+
+
+def test_num_draft_tokens_zero_turns_a_rows_speculation_off(
+        smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]]) -> None:
+    model, tokenizer = smollm
+    reqs, ref = requests_and_reference
+    off = Request("r0", reqs[0].prompt_tokens, SamplingParams(), reqs[0].max_tokens, num_draft_tokens=0)
+    got, seen = run_batch(model, tokenizer, [off, reqs[2]], Speculation("ngram", 3), arrivals=(0, 0))
+    assert got["r0"] == ref["r0"] and got["r2"] == ref["r2"]
+    assert "r0" not in seen and seen["r2"][0] > 0
+
+
+def test_seeded_sampling_is_the_same_text_with_or_without_speculation(smollm: tuple[Any, Any]) -> None:
+    """Each position is sampled from the target's distribution with the row's own key sequence,
+    so accepting a draft (it equals that sample) changes nothing about the text."""
+    model, tokenizer = smollm
+    prompt = prompt_ids(tokenizer, COPY_PROMPTS[2])
+    seeded = [Request(f"s{i}", prompt, SamplingParams(temperature=0.7, top_p=0.95, seed=i), 24) for i in range(3)]
+    plain, _ = run_batch(model, tokenizer, seeded, Speculation(None), arrivals=(0, 0, 2))
+    spec, seen = run_batch(model, tokenizer, seeded, Speculation("ngram", 3), arrivals=(0, 0, 2))
+    assert plain == spec
+    assert sum(a for _, a in seen.values()) > 0
