@@ -51,3 +51,19 @@ def test_config_toml_unknown_key_is_an_error(tmp_path: Path, capsys: pytest.Capt
 def test_config_refuses_features_not_built_yet() -> None:
     with pytest.raises(SystemExit):
         load_config(["--kv-bits", "4"])
+
+
+def test_config_speculation_flags() -> None:
+    assert load_config([]).draft_kind is None  # speculation is opt-in
+    c = load_config(["--draft-model", "d", "--num-draft-tokens", "5"])
+    assert (c.draft_kind, c.draft_model, c.num_draft_tokens) == ("draft", "d", 5)
+    assert load_config(["--draft-kind", "ngram"]).draft_kind == "ngram"
+
+
+@pytest.mark.parametrize("argv", [["--draft-kind", "draft"], ["--draft-kind", "ngram", "--draft-model", "d"],
+                                  ["--draft-kind", "ngram", "--num-draft-tokens", "0"],
+                                  ["--draft-kind", "medusa"]])
+def test_config_speculation_flag_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_config(argv)
+    assert "draft" in capsys.readouterr().err
