@@ -145,3 +145,39 @@ class RowSpeculation:
         elif self._window_accepted >= self.min_acceptance * self._window_drafted:
             self._backoff = 8
         self._window_drafted = self._window_accepted = 0
+
+
+class SpeculationGate:
+    """Whether this step should speculate at all, from measured throughput per batch size.
+
+    Speculation wins when verifying costs little more than a plain step (an accelerator reading
+    weights anyway) and loses when the batch is compute-bound (a CPU, or a big batch). The gate
+    keeps, per batch size (in powers of two), a moving average of tokens per second of speculative and of plain
+    steps, takes the better one, and re-tries the other for `probe_len` steps every `probe_every`
+    steps so a change in load or acceptance is noticed.
+    """
+
+    def __init__(self, alpha: float = 0.3, probe_every: int = 24, probe_len: int = 3) -> None:
+        self.alpha = alpha
+        self.probe_every = probe_every
+        self.probe_len = probe_len
+        self._rate: dict[tuple[int, bool], float] = {}
+        self._steps: dict[int, int] = {}
+
+    def choose(self, rows: int) -> bool:
+        rows = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ... share what they learn
+        spec, plain = self._rate.get((rows, True)), self._rate.get((rows, False))
+        if spec is None:
+            return True
+        if plain is None:
+            return False
+        n = self._steps[rows] = self._steps.get(rows, 0) + 1
+        best = spec >= plain
+        return (not best) if n % self.probe_every < self.probe_len else best
+
+    def record(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        rate, key = tokens / seconds, (rows.bit_length(), speculated)
+        old = self._rate.get(key)
+        self._rate[key] = rate if old is None else old + self.alpha * (rate - old)

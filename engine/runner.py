@@ -10,6 +10,7 @@ step's tokens are read, so Python bookkeeping overlaps the accelerator.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from mlx_lm.generate import PromptProcessingBatch, StopSequences, generation_str
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
-from engine.drafting import Draft, PredictionLookup, PromptLookup, RowSpeculation
+from engine.drafting import Draft, PredictionLookup, PromptLookup, RowSpeculation, SpeculationGate
 from engine.prefix_cache import PrefixCache
 from engine.sampling import make_row_processors, make_row_sampler
 from engine.scheduler import StepOutput, StepPlan
@@ -68,6 +69,8 @@ class BatchRunner:
         self.speculation = speculation or Speculation()
         self._can_speculate = can_speculate(model)
         self._spec: dict[str, RowSpeculation] = {}
+        self._gate = SpeculationGate()
+        self._last: tuple[bool, float] | None = None  # the previous step: speculated?, when it ended
         draft = self.speculation.draft_model
         self._draft_rows = DraftRows(draft, prefill_step_size) if draft is not None else None
         self._uids = itertools.count()
@@ -123,19 +126,32 @@ class BatchRunner:
                 del self._prompts[chunk.seq_id]
             if finals:
                 self._join(finals)
-            if len(self._gen) == 0:
+            rows = len(self._gen)
+            if rows == 0:
                 return StepOutput({})
-            drafts = self._drafts()
+            drafts = self._drafts() if self._spec and self._gate.choose(rows) else None
             if drafts is None:
                 responses = self._gen.next()
-                return StepOutput({self._seq_of[r.uid]: r.token for r in responses},
-                                  self._logprobs([(self._seq_of[r.uid], r.token, r.logprobs) for r in responses]))
-            return self._speculate(*drafts)
+                out = StepOutput({self._seq_of[r.uid]: r.token for r in responses},
+                                 self._logprobs([(self._seq_of[r.uid], r.token, r.logprobs) for r in responses]))
+            else:
+                out = self._speculate(*drafts)
+            self._measure(rows, drafts is not None, out, clean=not plan.prefill)
+            return out
+
+    def _measure(self, rows: int, speculated: bool, out: StepOutput, clean: bool) -> None:
+        """Tokens per second of this step, for the gate. Only a step that follows one of its own
+        kind counts: a plain step is pipelined behind the previous step, so the first plain step
+        after a speculative one (or the reverse) would be charged for the wrong forward."""
+        now = time.perf_counter()
+        last, self._last = self._last, (speculated, now)
+        if not self._spec or not clean or last is None or last[0] != speculated:
+            return
+        emitted = sum(len(t) if isinstance(t, tuple) else 1 for t in out.tokens.values())
+        self._gate.record(rows, speculated, emitted, now - last[1])
 
     def _drafts(self) -> tuple[list[Draft | None], list[int] | None] | None:
         """This step's drafts per row, or None when no row drafts (a plain, pipelined step)."""
-        if not self._spec:
-            return None
         drafts: list[Draft | None] = []
         model_k: list[int] = []
         for e, uid in enumerate(self._gen.uids):

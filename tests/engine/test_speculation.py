@@ -199,3 +199,18 @@ def test_seeded_sampling_is_the_same_text_with_or_without_speculation(smollm: tu
     spec, seen = run_batch(model, tokenizer, seeded, Speculation("ngram", 3), arrivals=(0, 0, 2))
     assert plain == spec
     assert sum(a for _, a in seen.values()) > 0
+
+
+def test_the_gate_picks_the_faster_kind_of_step_and_keeps_probing_the_other() -> None:
+    from engine.drafting import SpeculationGate
+
+    gate = SpeculationGate(probe_every=10, probe_len=2)
+    assert gate.choose(4) is True  # nothing known: try speculating first
+    gate.record(4, True, tokens=40, seconds=1.0)
+    assert gate.choose(5) is False  # 4 and 5 rows share a bucket; plain is unknown there
+    gate.record(5, False, tokens=100, seconds=1.0)
+    picks = [gate.choose(4) for _ in range(20)]
+    assert picks.count(False) == 16 and picks.count(True) == 4  # plain wins; speculation is re-probed
+    gate.record(4, True, tokens=1000, seconds=1.0)  # acceptance went up: speculation now wins
+    assert [gate.choose(4) for _ in range(7)].count(True) >= 6
+    assert gate.choose(16) is True  # another batch size learns on its own

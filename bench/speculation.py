@@ -1,0 +1,219 @@
+"""Speculative decoding, in process: our scheduler + batch runner with and without speculation.
+
+    python -m bench.speculation --model DIR [--draft DIR | --draft-layers 0,1,15]
+        [--tokens 128] [--gammas 1,2,3,4,5] [--clients 1,4,16] [--runs 3]
+
+Workload: copy-heavy chat requests (rewrite a given file or list with one small change), the
+cases prompt lookup and Predicted Outputs are for. Every mode runs in this one process on the
+same prompts, so the printed ratios compare like with like:
+  - single stream: decode tok/s (after the first token) per drafter and γ, median of --runs,
+    as a ratio to plain decoding, with the acceptance rate seen;
+  - aggregate: closed-loop clients (each sends its next request when one ends), total tok/s
+    over the wall time, with vs without speculation (γ = --agg-gamma).
+Drafters: `ngram` (prompt lookup), `draft` (a draft model: --draft, or --draft-layers derives
+one from the target by keeping those layers), `predict` (the client's prediction is the plain
+output itself: the best case, e.g. re-sending known text) and `predict-edited` (that output with
+every 8th token changed, like an edited file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm import load
+
+from engine.runner import BatchRunner, Speculation
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.types import Request, SamplingParams
+
+FILES = (
+    "def area(width, height):\n    result = width * height\n    return result\n\n"
+    "def perimeter(width, height):\n    result = 2 * (width + height)\n    return result\n\n"
+    "def describe(width, height):\n    return f'{width} by {height}: area {area(width, height)}'\n",
+    "Shopping list: apples, oranges, pears, plums, grapes, cherries, bread, butter, milk, eggs, "
+    "cheese, rice, beans, lentils, tomatoes, onions, garlic, basil, olive oil, salt, pepper.",
+    "class Counter:\n    def __init__(self):\n        self.count = 0\n\n    def add(self, n):\n"
+    "        self.count += n\n        return self.count\n\n    def reset(self):\n        self.count = 0\n",
+    "The meeting is on Monday at 10am in room 4. Bring the quarterly report, the budget sheet and "
+    "the list of open issues. Anna presents sales, Ben presents support, Carla presents hiring.",
+)
+ASKS = ("Rewrite this exactly, but rename `result` to `value`:", "Repeat this list exactly:",
+        "Copy this code exactly, adding nothing:", "Repeat this note word for word:")
+
+
+@dataclass(slots=True)
+class Outcome:
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    decode_rates: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(len(t) for t in self.tokens.values())
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def prompts(tokenizer: Any, count: int) -> list[tuple[int, ...]]:
+    out = []
+    for i in range(count):
+        text = f"{ASKS[i % len(ASKS)]}\n\n{FILES[i % len(FILES)]}"
+        out.append(tuple(tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                       add_generation_prompt=True)))
+    return out
+
+
+def run(model: Any, spec: Speculation, requests: list[Request], clients: int, eos: frozenset[int]) -> Outcome:
+    """Closed loop: `clients` requests in flight until every request has finished."""
+    sched = Scheduler(SchedulerConfig(max_running=max(clients, 1), token_budget=2048,
+                                      draft_tokens=spec.num_draft_tokens if spec.kind else 0), eos)
+    runner = BatchRunner(model, speculation=spec)
+    todo, out = list(requests), Outcome()
+    first: dict[str, float] = {}
+    start = time.perf_counter()
+    while todo or sched.has_work:
+        while todo and sched.num_active + len(sched.waiting) < clients:
+            r = todo.pop(0)
+            sched.add(r)
+            out.tokens[r.id] = []
+        plan = sched.schedule()
+        for sid in plan.admitted:
+            runner.admit(sched.get(sid).request)  # type: ignore[union-attr]
+        step = runner.step(plan)
+        now = time.perf_counter()
+        for d, a in step.speculation.values():
+            out.drafted, out.accepted = out.drafted + d, out.accepted + a
+        for u in sched.update(plan, step):
+            out.tokens[u.seq_id].append(u.token)
+            first.setdefault(u.seq_id, now)
+            if u.finish is not None and u.num_generated > 1:
+                out.decode_rates.append((u.num_generated - 1) / max(now - first[u.seq_id], 1e-9))
+    out.wall_s = time.perf_counter() - start
+    return out
+
+
+def edited(tokens: list[int], every: int = 8) -> tuple[int, ...]:
+    return tuple(t if (i + 1) % every else (t + 7) % 32000 for i, t in enumerate(tokens))
+
+
+def derive_draft(target: Path, layers: list[int], out: Path) -> Path:
+    """A draft that is the target with only `layers` kept (same embeddings, head, tokenizer)."""
+    config = json.loads((target / "config.json").read_text())
+    weights: dict[str, mx.array] = {}
+    for f in sorted(target.glob("*.safetensors")):
+        weights.update(mx.load(str(f)))
+    renumber = {old: new for new, old in enumerate(layers)}
+    kept = {}
+    for k, v in weights.items():
+        parts = k.split(".")
+        if "layers" in parts:
+            at = parts.index("layers") + 1
+            if int(parts[at]) not in renumber:
+                continue
+            parts[at] = str(renumber[int(parts[at])])
+        kept[".".join(parts)] = v
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), kept)
+    config["num_hidden_layers"] = len(layers)
+    (out / "config.json").write_text(json.dumps(config))
+    for f in target.iterdir():
+        if f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--draft")
+    p.add_argument("--draft-layers", help="derive a draft from the target, keeping these layers (e.g. 0,1,15)")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--gammas", default="1,2,3,4,5")
+    p.add_argument("--clients", default="1,4,16")
+    p.add_argument("--agg-gamma", type=int, default=3)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--modes", default="ngram,draft,predict,predict-edited")
+    args = p.parse_args()
+    from engine.loader import maybe_dequantize
+
+    model, tokenizer = load(args.model)
+    model = maybe_dequantize(model)
+    draft = None
+    if args.draft_layers:
+        layers = [int(x) for x in args.draft_layers.split(",")]
+        args.draft = str(derive_draft(Path(args.model), layers, Path("/tmp/mlx-serve-derived-draft")))
+    if args.draft:
+        draft = maybe_dequantize(load(args.draft)[0])
+    modes = [m for m in args.modes.split(",") if m != "draft" or draft is not None]
+    eos = frozenset(tokenizer.eos_token_ids)
+    gammas = [int(g) for g in args.gammas.split(",")]
+    ids = prompts(tokenizer, 16)
+    print(f"device {mx.default_device()}  model {args.model}  draft {args.draft}  tokens {args.tokens}")
+
+    def requests(n: int, tag: str, plain: dict[str, list[int]] | None = None, mode: str = "",
+                 gamma: int = 3) -> list[Request]:
+        out = []
+        for i in range(n):
+            r = Request(f"{tag}{i}", ids[i % len(ids)], SamplingParams(), args.tokens)
+            if mode.startswith("predict") and plain is not None:
+                answer = plain[f"plain{i % len(ids)}"]
+                r = replace(r, prediction=tuple(answer) if mode == "predict" else edited(answer))
+            out.append(r)
+        return out
+
+    def spec_for(mode: str, gamma: int) -> Speculation:
+        if mode == "plain":
+            return Speculation(None, gamma)
+        if mode == "ngram":
+            return Speculation("ngram", gamma)
+        if mode == "draft":
+            return Speculation("draft", gamma, draft)
+        return Speculation(None, gamma)  # predictions draft for themselves
+
+    reference = run(model, Speculation(None), requests(len(ids), "plain"), 1, eos)
+    run(model, Speculation("ngram", 3), requests(4, "warm"), 4, eos)  # compile the verify shapes
+    # single stream
+    print("\nsingle stream (decode tok/s, median of runs; ratio to plain; acceptance)")
+    base = []
+    for _ in range(args.runs):
+        base.append(statistics.median(run(model, Speculation(None), requests(2, "p"), 1, eos).decode_rates))
+    plain_rate = statistics.median(base)
+    print(f"  plain            {plain_rate:8.1f} tok/s")
+    for mode in modes:
+        for gamma in gammas if mode != "predict-edited" else [args.agg_gamma]:
+            rates, acc, same = [], [], True
+            for _ in range(args.runs):
+                o = run(model, spec_for(mode, gamma), requests(2, "s", reference.tokens, mode, gamma), 1, eos)
+                same = same and all(o.tokens[f"s{i}"] == reference.tokens[f"plain{i}"] for i in range(2))
+                rates.append(statistics.median(o.decode_rates))
+                acc.append(o.acceptance)
+            r = statistics.median(rates)
+            print(f"  {mode:<14} γ={gamma} {r:8.1f} tok/s  {r / plain_rate:5.2f}x  acceptance "
+                  f"{statistics.median(acc):.2f}  output {'identical' if same else 'DIFFERS'} to plain", flush=True)
+    # aggregate
+    print(f"\naggregate (closed loop, {args.tokens} tokens/request, γ={args.agg_gamma}; tok/s and ratio to plain)")
+    for clients in [int(c) for c in args.clients.split(",")]:
+        n = max(2 * clients, 4)
+        plain = run(model, Speculation(None), requests(n, "a"), clients, eos)
+        line = f"  {clients:>3} clients  plain {plain.total / plain.wall_s:8.1f}"
+        for mode in modes:
+            o = run(model, spec_for(mode, args.agg_gamma), requests(n, "a", reference.tokens, mode), clients, eos)
+            rate = o.total / o.wall_s
+            line += f" | {mode} {rate:8.1f} ({rate / (plain.total / plain.wall_s):4.2f}x, acc {o.acceptance:.2f})"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
