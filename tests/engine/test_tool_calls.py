@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import json
 
-from engine.tool_calls import HERMES, ToolCallSplitter, ToolFormat, tool_format_for
+from engine.tool_calls import ToolCallSplitter
+from engine.tool_formats import HERMES, ToolFormat, tool_format_for
 from engine.types import Delta, TextDelta, ToolCallArgsDelta, ToolCallStart
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
