@@ -25,6 +25,7 @@ class EngineSettings:
     seed: int | None = None
     memory_budget_bytes: int | None = None
     max_context: int | None = None
+    tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
 
     @property
     def capacity(self) -> int:
@@ -54,7 +55,7 @@ def make_core(loaded: LoadedModel, counters: Counters, settings: EngineSettings,
                          max_entries=settings.prompt_cache_size,
                          max_bytes=settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES)
     runner = BatchRunner(loaded.model, prefill_step_size=settings.token_budget, prefix_cache=prefix)
-    core = Core(sched, runner, loaded.tokenizer, counters, prefix)
+    core = Core(sched, runner, loaded.tokenizer, counters, prefix, settings.tool_call_parser)
     core.memory_plan = plan
     return core
 

@@ -39,7 +39,8 @@ def engine_settings(config: Config) -> Any:
                           prompt_cache_bytes=config.prompt_cache_bytes,
                           seed=config.seed,
                           memory_budget_bytes=config.memory_budget_bytes,
-                          max_context=config.max_context)
+                          max_context=config.max_context,
+                          tool_call_parser=config.tool_call_parser)
 
 
 def model_spec(config: Config) -> Any:
