@@ -41,13 +41,14 @@ class _At(enum.Enum):
 @dataclass(slots=True)
 class JsonScanner:
     """Feed text; get back how much of it continues the value and the text to pass on.
-    Raises ValueError at the first character no JSON value could have there."""
+    At the first character no JSON value could have there, it stops and says why in `error`."""
 
     at: _At = _At.VALUE
     stack: list[str] = field(default_factory=list)  # open containers: "{" or "["
     _key: bool = False  # the open string is an object key
     _pending: str = ""  # the number so far, or the rest of a literal
     _hex_left: int = 0
+    error: str | None = None
 
     @property
     def done(self) -> bool:
@@ -56,13 +57,17 @@ class JsonScanner:
     def feed(self, text: str) -> tuple[int, str]:
         out: list[str] = []
         i = 0
-        while i < len(text) and self.at is not _At.DONE:
+        while i < len(text) and self.at is not _At.DONE and self.error is None:
             if self.at is _At.STRING:
                 j = _STRING_RUN.match(text, i).end()  # type: ignore[union-attr]
                 out.append(text[i:j])
                 if (i := j) == len(text):
                     break
-            used, emitted = self._step(text[i])
+            try:
+                used, emitted = self._step(text[i])
+            except ValueError as exc:
+                self.error = str(exc)
+                break
             out.append(emitted)
             i += used
         return i, "".join(out)

@@ -164,6 +164,8 @@ class JsonCalls:
             self._args(accepted, sink)
         elif self._field is not _Field.OTHER:
             self._text.append(accepted)
+        if self._scan.error is not None:
+            raise ValueError(self._scan.error)
         if self._scan.done:
             self._end_field(sink)
         return used

@@ -196,7 +196,7 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
     if cfg.log_level.upper() not in LOG_LEVELS:
         parser.error(f"log level must be one of {', '.join(LOG_LEVELS)}")
     if cfg.tool_call_parser is not None and cfg.tool_call_parser not in parser_names():
-        parser.error(f"tool call parser must be one of {', '.join(parser_names())}")
+        parser.error(f"--tool-call-parser {cfg.tool_call_parser!r} is not one of {', '.join(parser_names())}")
     _check_deploy(cfg, parser)
 
 
