@@ -5,6 +5,8 @@ index in the turn, an id, the function's name) as soon as its name is certain, t
 ToolCallArgsDelta pieces of its arguments' JSON while they are written (for the families
 that stream them; the others send their arguments whole at the end marker, see
 `tool_formats`). A possible marker split across pieces is held back, never leaked.
+Whitespace alone between a call and the next call or the end of the answer is layout, not
+text, and is dropped (a newline between two calls must not become a text block).
 
 Markup that does not parse:
 - before its call has started (the name is not certain yet), it is text after all: the
@@ -40,6 +42,8 @@ class ToolCallSplitter:
     _markup: list[str] = field(default_factory=list)  # that markup as written, until it starts
     _dropping: bool = False  # a started call's markup broke off: drop it up to the end marker
     _fresh: bool = True  # no answer text yet (bare JSON calls open the answer)
+    _after_call: bool = False  # a call went out and no text since
+    _layout: str = ""  # whitespace after a call, dropped unless text follows
 
     @property
     def calls(self) -> int:
@@ -101,7 +105,8 @@ class ToolCallSplitter:
         return buf[at + len(end):]
 
     def _open(self, marker: str) -> None:
-        self._body, self._markup, self._fresh = self.fmt.body(self.tools), [marker], False
+        self._body, self._fresh = self.fmt.body(self.tools), False
+        self._markup, self._layout = [self._layout + marker], ""  # layout returns if it is text
 
     def _give(self, piece: str) -> str | None:
         """Feed the open markup; the text after it when it ended (or fell back), else None."""
@@ -141,9 +146,16 @@ class ToolCallSplitter:
                 body.close(self.sink)
             except NotACall:
                 self._text("".join(self._markup) + end_marker)
+        self._after_call = self._after_call or body.started
         self._markup, self._dropping = [], False
 
     def _text(self, text: str) -> None:
-        if text:
-            self.sink.out.append(TextDelta(text))
-            self._fresh = False
+        if not text:
+            return
+        if self._after_call:
+            if text.isspace():
+                self._layout += text
+                return
+            text, self._layout, self._after_call = self._layout + text, "", False
+        self.sink.out.append(TextDelta(text))
+        self._fresh = False

@@ -153,3 +153,12 @@ def test_tool_calls_continue_their_index_across_markup_blocks() -> None:
     first = [e for e in splitter.feed(one) if isinstance(e, ToolCallStart)]
     second = [e for e in splitter.feed("text " + one) + splitter.close() if isinstance(e, ToolCallStart)]
     assert [e.index for e in first + second] == [0, 1]
+
+
+def test_tool_calls_whitespace_after_a_call_is_layout_unless_text_follows() -> None:
+    one = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    for tail in ["\n", "\n\n" + one + "\n"]:
+        assert run(HERMES, list(one + tail)).text == ""
+    assert run(HERMES, list(one + "\n\nDone.")).text == "\n\nDone."
+    broken = "\n<tool_call>not json</tool_call>"
+    assert run(HERMES, list(one + broken)).text == broken

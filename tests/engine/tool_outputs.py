@@ -47,7 +47,7 @@ RECORDED = [
              "I'll check both cities.\n<tool_call>\n"
              '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n'
              '{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>',
-             "I'll check both cities.\n\n", calls(PARIS, LYON), streams=True),
+             "I'll check both cities.\n", calls(PARIS, LYON), streams=True),
     Recorded("hermes-rich-arguments", "hermes",
              '<tool_call>\n{"name": "write_file", "arguments": {"path": "notes/\u00e9t\u00e9.md", '
              r'"content": "# Title\n\nSee \"quotes\", \\ and \u2014 dashes.", "mode": 420, '
@@ -91,7 +91,7 @@ RECORDED = [
              "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
              "<function=get_weather>\n<parameter=city>\nNull\n</parameter>\n<parameter=note>\n"
              "nullable\n</parameter>\n</function>\n</tool_call>",
-             "\n", calls(("get_weather", {"city": "Paris", "days": 2}),
+             "", calls(("get_weather", {"city": "Paris", "days": 2}),
                          ("get_weather", {"city": None, "note": "nullable"})), streams=True),
     Recorded("llama3-bare-json", "llama3_json",
              '{"name": "get_weather", "parameters": {"city": "Paris"}}',
