@@ -12,6 +12,7 @@ import enum
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 _WS = " \t\r\n"
 _STRING_RUN = re.compile(r'[^"\\\x00-\x1f]*')
@@ -71,6 +72,10 @@ class JsonScanner:
             out.append(emitted)
             i += used
         return i, "".join(out)
+
+    def closers(self) -> str:
+        """What closes the open containers."""
+        return "".join("}" if c == "{" else "]" for c in reversed(self.stack))
 
     def _step(self, ch: str) -> tuple[int, str]:
         at = self.at
@@ -164,3 +169,23 @@ class JsonScanner:
 
     def _value_ended(self) -> None:
         self.at = _At.AFTER if self.stack else _At.DONE
+
+
+def partial_value(text: str) -> Any:
+    """What a JSON text cut short holds so far, read as the SDKs' partial parsers read a
+    stream: the members it finished, its open containers closed, an unfinished last member
+    dropped. None when not even a container was opened."""
+    scanner, out = JsonScanner(), ""
+    whole: str | None = None
+    for ch in text:
+        _, accepted = scanner.feed(ch)
+        out += accepted
+        if scanner.error is not None or scanner.done:
+            break
+        if scanner.at in (_At.AFTER, _At.KEY_OR_CLOSE, _At.VALUE_OR_CLOSE):
+            whole = out + scanner.closers()
+    if scanner.done:
+        return json.loads(out)
+    if scanner.error is None and scanner.at is _At.NUMBER and _NUMBER.fullmatch(scanner._pending):
+        whole = out + scanner.closers()  # a number the text ends on counts, if it is whole
+    return None if whole is None else json.loads(whole)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engine.json_scan import JsonScanner
+from engine.json_scan import JsonScanner, partial_value
 
 VALID = ['{}', '[]', '{"a": 1}', '{"a": [1, -0, 2.5, -1.5e-3, 1E+2, 0.0], "b": {"c": null}}',
          '"plain"', r'"esc \" \\ \/ \b \f \n \r \t \u00e9 \uD83D\uDE00"', '[true, false, null]',
@@ -82,3 +82,11 @@ def test_json_scan_a_number_ends_only_when_something_follows_it() -> None:
     scanner = JsonScanner()
     assert scanner.feed("[12") == (3, "[12") and not scanner.done
     assert scanner.feed("]") == (1, "]") and scanner.done
+
+
+@pytest.mark.parametrize(("cut", "holds"), [
+    ('{"city": "Par', {}), ('{"city": "Paris", "da', {"city": "Paris"}),
+    ('{"city": "Paris", "days": 3', {"city": "Paris", "days": 3}), ('{"a": [1, {"b": tr', {"a": [1, {}]}),
+    ('{"x": 1.', {}), ('{"a": 1} and more', {"a": 1}), ("", None), ("not json", None)])
+def test_json_scan_partial_value_reads_a_cut_text_as_the_sdks_do(cut: str, holds: Any) -> None:
+    assert partial_value(cut) == holds
