@@ -28,6 +28,7 @@ class EngineSettings:
     draft_kind: str | None = None  # speculative decoding: "ngram", "draft" (a draft model) or None
     num_draft_tokens: int = 3
     draft_spec: ModelSpec | None = None
+    tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
 
     @property
     def capacity(self) -> int:
@@ -64,7 +65,7 @@ def make_core(loaded: LoadedModel, counters: Counters, settings: EngineSettings,
                               draft.model if draft is not None else None)
     runner = BatchRunner(loaded.model, prefill_step_size=settings.token_budget, prefix_cache=prefix,
                          speculation=speculation)
-    core = Core(sched, runner, loaded.tokenizer, counters, prefix)
+    core = Core(sched, runner, loaded.tokenizer, counters, prefix, settings.tool_call_parser)
     core.memory_plan = plan
     return core
 

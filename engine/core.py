@@ -14,7 +14,8 @@ from engine.errors import EngineFailed, ServeError
 from engine.scheduler import Scheduler, StepOutput, StepPlan, TokenUpdate
 from engine.reasoning import ReasoningSplitter, reasoning_splitter
 from engine.stops import StopMatcher
-from engine.tool_calls import ToolCallSplitter, tool_format_for
+from engine.tool_calls import ToolCallSplitter
+from engine.tool_formats import tool_format_for
 from engine.types import (
     Counters,
     Delta,
@@ -127,7 +128,7 @@ class Core:
     """Runs on the MLX owner thread until the inbox yields None."""
 
     def __init__(self, scheduler: Scheduler, runner: Runner, tokenizer: Any, counters: Counters,
-                 prefix_cache: PrefixLookup | None = None) -> None:
+                 prefix_cache: PrefixLookup | None = None, tool_parser: str | None = None) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.tokenizer = tokenizer
@@ -136,7 +137,7 @@ class Core:
         self.tickets: dict[str, Ticket] = {}
         self.texts: dict[str, RowText] = {}
         self.clocks: dict[str, Clock] = {}
-        self.tool_format = tool_format_for(tokenizer)
+        self.tool_format = tool_format_for(tokenizer, tool_parser)
         self._prefixes: dict[str, tuple[list[Any] | None, int]] = {}
         self.memory_plan: Any = None  # the admission plan this core was sized by, if any
         scheduler.cached_prefix = self._lookup_prefix

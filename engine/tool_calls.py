@@ -1,128 +1,161 @@
-"""Tool calls out of generated text: markup between the model family's start and end markers.
+"""Tool calls out of generated text, as they stream.
 
-The parser is the one mlx-lm infers from the chat template (`TokenizerWrapper.tool_parser`,
-with its markers); a template that names none gets the common hermes/qwen form,
-`<tool_call>{"name": …, "arguments": …}</tool_call>`. Text outside the markers flows on as
-text (a possible start marker split across tokens is held back, never leaked); a call is
-emitted when its end marker arrives. Markup that does not parse falls back to plain text.
+Text outside the family's markup flows on as text. A call goes out as a ToolCallStart (its
+index in the turn, an id, the function's name) as soon as its name is certain, then as
+ToolCallArgsDelta pieces of its arguments' JSON while they are written (for the families
+that stream them; the others send their arguments whole at the end marker, see
+`tool_formats`). A possible marker split across pieces is held back, never leaked.
+Whitespace alone between a call and the next call or the end of the answer is layout, not
+text, and is dropped (a newline between two calls must not become a text block).
+
+Markup that does not parse:
+- before its call has started (the name is not certain yet), it is text after all: the
+  start marker and everything read since go out as text, nothing is lost;
+- once the call has started, the call stands with the arguments already sent (a call with
+  none gets `{}`) and the rest of that markup, up to its end marker, is dropped. A generation
+  that stops inside a call (max_tokens) likewise keeps the arguments written so far.
 """
 
 from __future__ import annotations
 
-import json
-import uuid
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.stops import partial_suffix_len
-from engine.types import Delta, TextDelta, ToolCallArgsDelta, ToolCallStart
+from engine.tool_formats import ToolFormat
+from engine.tool_sink import BodyParser, CallSink, NotACall
+from engine.types import Delta, TextDelta
 
-Parse = Callable[[str, Any], Any]
-
-
-def _parse_json_call(text: str, tools: Any = None) -> Any:
-    return json.loads(text.strip())
-
-
-@dataclass(frozen=True, slots=True)
-class ToolFormat:
-    start: str
-    end: str
-    parse: Parse
-
-
-HERMES = ToolFormat("<tool_call>", "</tool_call>", _parse_json_call)
-
-
-def tool_format_for(tokenizer: Any) -> ToolFormat:
-    """The model family's tool-call markup, as mlx-lm infers it; hermes JSON otherwise."""
-    start, end = getattr(tokenizer, "tool_call_start", None), getattr(tokenizer, "tool_call_end", None)
-    parse = getattr(tokenizer, "tool_parser", None)
-    if start and end and parse is not None:
-        return ToolFormat(start, end, parse)
-    return HERMES
+log = logging.getLogger("mlx_serve.engine")
 
 
 @dataclass(slots=True)
 class ToolCallSplitter:
-    """Feed text pieces; get back text deltas and whole tool calls, in order."""
+    """Feed text pieces; get back text deltas and tool-call deltas, in order."""
 
     fmt: ToolFormat
     tools: Any = None
-    calls: int = 0
+    sink: CallSink = field(default_factory=CallSink)
     _held: str = ""
-    _inside: bool = False
-    _body: list[str] = field(default_factory=list)
+    _body: BodyParser | None = None  # inside a call's markup
+    _markup: list[str] = field(default_factory=list)  # that markup as written, until it starts
+    _dropping: bool = False  # a started call's markup broke off: drop it up to the end marker
+    _fresh: bool = True  # no answer text yet (bare JSON calls open the answer)
+    _after_call: bool = False  # a call went out and no text since
+    _layout: str = ""  # whitespace after a call, dropped unless text follows
+
+    @property
+    def calls(self) -> int:
+        return self.sink.calls
 
     def feed(self, text: str) -> list[Delta]:
         out: list[Delta] = []
-        buf = self._held + text
-        self._held = ""
+        self.sink.out = out
+        buf, self._held = self._held + text, ""
         while buf:
-            buf = self._inside_step(buf, out) if self._inside else self._outside_step(buf, out)
+            buf = self._outside(buf) if self._body is None else self._inside(buf)
         return out
-
-    def _outside_step(self, buf: str, out: list[Delta]) -> str:
-        at = buf.find(self.fmt.start)
-        if at == -1:
-            keep = partial_suffix_len(buf, (self.fmt.start,))
-            self._held = buf[len(buf) - keep:] if keep else ""
-            _text(out, buf[: len(buf) - keep])
-            return ""
-        _text(out, buf[:at])
-        self._inside = True
-        return buf[at + len(self.fmt.start):]
-
-    def _inside_step(self, buf: str, out: list[Delta]) -> str:
-        at = buf.find(self.fmt.end)
-        if at == -1:
-            keep = partial_suffix_len(buf, (self.fmt.end,))
-            self._body.append(buf[: len(buf) - keep])
-            self._held = buf[len(buf) - keep:] if keep else ""
-            return ""
-        self._body.append(buf[:at])
-        self._emit(out)
-        return buf[at + len(self.fmt.end):]
 
     def close(self) -> list[Delta]:
-        """End of generation: flush held text; an unterminated call still gets a parse."""
+        """End of generation: held text is text, or the rest of an unterminated call."""
         out: list[Delta] = []
-        if self._inside:
-            self._body.append(self._held)
-            self._held = ""
-            self._emit(out, terminated=False)
-        _text(out, self._held)
-        self._held = ""
+        self.sink.out = out
+        held, self._held = self._held, ""
+        if self._body is None:
+            self._text(held)
+        elif self._give(held) is None:
+            self._finish("")
         return out
 
-    def _emit(self, out: list[Delta], terminated: bool = True) -> None:
-        body = "".join(self._body)
-        self._body, self._inside = [], False
-        calls = self._parse(body)
-        if calls is None:  # not a call after all: the markup is text
-            _text(out, self.fmt.start + body + (self.fmt.end if terminated else ""))
-            return
-        for name, arguments in calls:
-            out.append(ToolCallStart(self.calls, f"call_{uuid.uuid4().hex[:24]}", name))
-            out.append(ToolCallArgsDelta(self.calls, arguments))
-            self.calls += 1
+    def _outside(self, buf: str) -> str:
+        if self.fmt.bare_json and self._fresh:
+            lead = len(buf) - len(buf.lstrip())
+            if lead == len(buf):
+                self._held = buf
+                return ""
+            self._fresh = False
+            if buf[lead] == "{":
+                self._open(buf[:lead])
+                return buf[lead:]
+        at = buf.find(self.fmt.start)
+        if at < 0:
+            keep = partial_suffix_len(buf, (self.fmt.start,))
+            self._held = buf[len(buf) - keep:]
+            self._text(buf[: len(buf) - keep])
+            return ""
+        self._text(buf[:at])
+        self._open(self.fmt.start)
+        return buf[at + len(self.fmt.start):]
 
-    def _parse(self, body: str) -> list[tuple[str, str]] | None:
-        try:
-            parsed = self.fmt.parse(body, self.tools)
-        except Exception:  # noqa: BLE001 - any parser failure means "not a call"
+    def _inside(self, buf: str) -> str:
+        end = self.fmt.end
+        at = buf.find(end) if end else -1
+        if end and at < 0:
+            keep = partial_suffix_len(buf, (end,))
+            piece, self._held = buf[: len(buf) - keep], buf[len(buf) - keep:]
+        else:
+            piece = buf if at < 0 else buf[:at]
+        rest = self._give(piece)
+        if rest is not None:  # the markup ended inside the piece, or was text after all
+            return rest + (buf[at:] if at >= 0 else "")
+        if at < 0:
+            return ""
+        self._finish(end)
+        return buf[at + len(end):]
+
+    def _open(self, marker: str) -> None:
+        self._body, self._fresh = self.fmt.body(self.tools), False
+        self._markup, self._layout = [self._layout + marker], ""  # layout returns if it is text
+
+    def _give(self, piece: str) -> str | None:
+        """Feed the open markup; the text after it when it ended (or fell back), else None."""
+        body = self._body
+        assert body is not None
+        if self._dropping or not piece:
             return None
-        items = parsed if isinstance(parsed, list) else [parsed]
-        calls = []
-        for item in items:
-            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-                return None
-            args = item.get("arguments", item.get("parameters", {}))
-            calls.append((item["name"], args if isinstance(args, str) else json.dumps(args)))
-        return calls
+        if not body.started:
+            self._markup.append(piece)
+        try:
+            ended = body.feed(piece, self.sink)
+        except NotACall as exc:
+            return self._broken(body, exc)
+        if ended is None:
+            return None
+        if self.fmt.end:  # trailing junk inside the markers
+            self._dropping = True
+            return None
+        self._finish("")
+        return piece[ended:]
 
+    def _broken(self, body: BodyParser, exc: NotACall) -> str | None:
+        if body.started:
+            log.warning("dropping tool-call markup that broke off after the call started: %s", exc)
+            self._dropping = True
+            return None
+        self._body = None
+        self._text("".join(self._markup))
+        self._markup = []
+        return ""
 
-def _text(out: list[Delta], text: str) -> None:
-    if text:
-        out.append(TextDelta(text))
+    def _finish(self, end_marker: str) -> None:
+        body, self._body = self._body, None
+        assert body is not None
+        if not self._dropping:
+            try:
+                body.close(self.sink)
+            except NotACall:
+                self._text("".join(self._markup) + end_marker)
+        self._after_call = self._after_call or body.started
+        self._markup, self._dropping = [], False
+
+    def _text(self, text: str) -> None:
+        if not text:
+            return
+        if self._after_call:
+            if text.isspace():
+                self._layout += text
+                return
+            text, self._layout, self._after_call = self._layout + text, "", False
+        self.sink.out.append(TextDelta(text))
+        self._fresh = False

@@ -16,6 +16,7 @@ import orjson
 from msgspec import Meta, Struct
 
 from engine.errors import EngineFailed, InvalidRequest, ServeError
+from engine.json_scan import partial_value
 from engine.types import (
     Delta,
     Finished,
@@ -373,13 +374,14 @@ def _message_head(job: Job) -> dict[str, Any]:
 
 
 def _tool_input(call: ToolCall) -> dict[str, Any]:
-    # The engine's tool parsers emit JSON objects; anything else is its bug, not the client's.
     raw = call.arguments.strip() or "{}"
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        value = None
-    if not isinstance(value, dict):
+        # A call cut short (max_tokens, a stop sequence): what it holds so far, as the SDK
+        # reads the same arguments streamed.
+        value = partial_value(raw) or {}
+    if not isinstance(value, dict):  # the engine's parsers send objects: this is its bug
         raise EngineFailed(f"the model's call to {call.name!r} has arguments that are not a JSON "
                            "object")
     return value

@@ -42,7 +42,8 @@ def engine_settings(config: Config) -> Any:
                           max_context=config.max_context,
                           draft_kind=config.draft_kind,
                           num_draft_tokens=config.num_draft_tokens,
-                          draft_spec=draft_spec(config))
+                          draft_spec=draft_spec(config),
+                          tool_call_parser=config.tool_call_parser)
 
 
 def draft_spec(config: Config) -> Any:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from engine.tool_formats import parser_names
+
 SECONDS = 1.0
 MIB = 1 << 20
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -57,6 +59,7 @@ class Config:
     engine: str = "process"
     dequantize: str = "auto"
     seed: int | None = None
+    tool_call_parser: str | None = None
     # -- deployment: TLS, keys, shutdown, request tracing (issue 6) --
     certfile: str | None = None
     keyfile: str | None = None
@@ -136,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dequantize", choices=("auto", "always", "never"),
       help="run quantized weights as float32: auto = on a CPU, where MLX's quantized matmuls "
            "have no BLAS and prefill 10-15x slower (when float32 fits in a quarter of RAM)")
+    a("--tool-call-parser", choices=parser_names(), metavar="NAME",
+      help="the model family's tool-call markup, one of: %(choices)s "
+           "(default: what mlx-lm infers from the chat template, else hermes)")
     a("--engine", choices=("process", "thread"),
       help="run the model in a restartable child process (default) or a thread of this one")
     # -- deployment: TLS, keys, shutdown, request tracing (issue 6) --
@@ -202,6 +208,8 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
         parser.error("--max-tokens must be at least 1")
     if cfg.log_level.upper() not in LOG_LEVELS:
         parser.error(f"log level must be one of {', '.join(LOG_LEVELS)}")
+    if cfg.tool_call_parser is not None and cfg.tool_call_parser not in parser_names():
+        parser.error(f"--tool-call-parser {cfg.tool_call_parser!r} is not one of {', '.join(parser_names())}")
     _check_deploy(cfg, parser)
 
 

@@ -400,6 +400,15 @@ def test_to_json_refuses_tool_arguments_that_are_not_an_object(ctx: ProtocolCont
         FORMAT.to_json(job, [result], ctx)
 
 
+def test_to_json_a_call_cut_short_keeps_the_members_it_finished(ctx: ProtocolContext) -> None:
+    job = parse(ctx, messages=[USER])
+    calls = (ToolCall("call_1", "get_weather", '{"city": "Paris", "da'), ToolCall("call_2", "f", '{"q'))
+    body = orjson.loads(FORMAT.to_json(job, [Result("", FinishReason.LENGTH, Usage(3, 4),
+                                                    tool_calls=calls)], ctx))
+    assert [b["input"] for b in body["content"]] == [{"city": "Paris"}, {}]
+    assert body["stop_reason"] == "max_tokens"
+
+
 # --- streaming --------------------------------------------------------------------------------
 
 

@@ -67,3 +67,24 @@ def test_config_speculation_flag_errors(argv: list[str], capsys: pytest.CaptureF
     with pytest.raises(SystemExit):
         load_config(argv)
     assert "draft" in capsys.readouterr().err
+
+
+def test_config_tool_call_parser_names_a_family_and_reaches_the_engine(tmp_path: Path) -> None:
+    from server.cli import engine_settings
+
+    assert load_config([]).tool_call_parser is None
+    c = load_config(["--tool-call-parser", "qwen3_coder"])
+    assert engine_settings(c).tool_call_parser == "qwen3_coder"
+    f = tmp_path / "c.toml"
+    f.write_text('tool-call-parser = "llama3_json"\n')
+    assert load_config(["--config", str(f)]).tool_call_parser == "llama3_json"
+
+
+@pytest.mark.parametrize("where", ["flag", "toml"])
+def test_config_unknown_tool_call_parser_is_an_error(tmp_path: Path, where: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('tool_call_parser = "hermes2"\n')
+    with pytest.raises(SystemExit):
+        load_config(["--tool-call-parser", "hermes2"] if where == "flag" else ["--config", str(f)])
+    assert "'hermes2'" in capsys.readouterr().err

@@ -99,7 +99,8 @@ class ScriptedRunner:
 def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | None = None,
                 load_gate: threading.Event | None = None, load_error: str | None = None,
                 max_running: int = 32, max_waiting: int = 64,
-                capacity: int = 1 << 30, thinking: bool = False) -> tuple[Engine, list[ScriptedRunner]]:
+                capacity: int = 1 << 30, thinking: bool = False,
+                tool_parser: str | None = None) -> tuple[Engine, list[ScriptedRunner]]:
     runners: list[ScriptedRunner] = []
 
     def load() -> LoadedModel:
@@ -114,6 +115,6 @@ def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | Non
         runners.append(ScriptedRunner(pieces, step_s, fail_after))
         config = SchedulerConfig(max_running=max_running, max_waiting=max_waiting)
         scheduler = Scheduler(config, frozenset({EOS}))
-        return Core(scheduler, runners[-1], loaded.tokenizer, counters)
+        return Core(scheduler, runners[-1], loaded.tokenizer, counters, tool_parser=tool_parser)
 
     return Engine(load, make_core, capacity=capacity), runners
