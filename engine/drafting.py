@@ -15,6 +15,7 @@ accepts nothing when the guess turns out wrong — it costs a wider forward, nev
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_NGRAM = 3
 
@@ -152,17 +153,21 @@ class SpeculationGate:
 
     Speculation wins when verifying costs little more than a plain step (an accelerator reading
     weights anyway) and loses when the batch is compute-bound (a CPU, or a big batch). The gate
-    keeps, per batch size (in powers of two), a moving average of tokens per second of speculative and of plain
-    steps, takes the better one, and re-tries the other for `probe_len` steps every `probe_every`
-    steps so a change in load or acceptance is noticed.
+    keeps, per batch size (in powers of two), a moving average of tokens per second of speculative
+    and of plain steps, takes the better one, and re-tries the other for `probe_len` steps after
+    `probe_every` steps, then twice as long after each probe that changes nothing (a probe of a
+    losing draft model is dear: its cache must catch up on every token it skipped).
     """
 
-    def __init__(self, alpha: float = 0.3, probe_every: int = 24, probe_len: int = 3) -> None:
+    def __init__(self, alpha: float = 0.3, probe_every: int = 24, probe_len: int = 3,
+                 max_interval: int = 768) -> None:
         self.alpha = alpha
         self.probe_every = probe_every
         self.probe_len = probe_len
+        self.max_interval = max_interval
         self._rate: dict[tuple[int, bool], float] = {}
-        self._steps: dict[int, int] = {}
+        # per bucket: [steps since the last probe, probe interval, the winner at the last probe]
+        self._probe: dict[int, list[Any]] = {}
 
     def choose(self, rows: int) -> bool:
         rows = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ... share what they learn
@@ -171,9 +176,16 @@ class SpeculationGate:
             return True
         if plain is None:
             return False
-        n = self._steps[rows] = self._steps.get(rows, 0) + 1
         best = spec >= plain
-        return (not best) if n % self.probe_every < self.probe_len else best
+        state = self._probe.setdefault(rows, [0, self.probe_every, best])
+        if best != state[2]:  # the winner changed: probe often again
+            state[0], state[1], state[2] = 0, self.probe_every, best
+        state[0] += 1
+        if state[0] <= state[1]:
+            return best
+        if state[0] >= state[1] + self.probe_len:  # probe over; the same winner probes less often
+            state[0], state[1] = 0, min(2 * state[1], self.max_interval)
+        return not best
 
     def record(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
         if seconds <= 0:
