@@ -145,6 +145,7 @@ def main() -> None:
     p.add_argument("--agg-gamma", type=int, default=3)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--modes", default="ngram,draft,predict,predict-edited")
+    p.add_argument("--aggregate-only", action="store_true")
     args = p.parse_args()
     from engine.loader import maybe_dequantize
 
@@ -191,7 +192,7 @@ def main() -> None:
         base.append(statistics.median(run(model, Speculation(None), requests(2, "p"), 1, eos).decode_rates))
     plain_rate = statistics.median(base)
     print(f"  plain            {plain_rate:8.1f} tok/s")
-    for mode in modes:
+    for mode in [] if args.aggregate_only else modes:
         for gamma in gammas if mode != "predict-edited" else [args.agg_gamma]:
             rates, acc, same = [], [], True
             for _ in range(args.runs):
