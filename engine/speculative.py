@@ -102,7 +102,8 @@ class DraftRows:
     def draft(self, histories: list[list[int]], pending: mx.array, k: int) -> mx.array:
         """k greedy draft tokens per row (B, k), lazily, after each row's history + pending."""
         missing = [h[s:] for h, s in zip(histories, self.seen)]
-        width = 1 + max(len(m) for m in missing)
+        # Widths rounded up to a power of two: a lag of any length reuses a few compiled shapes.
+        width = 1 << max(len(m) for m in missing).bit_length()
         rows = mx.array([m + [0] * (width - len(m)) for m in missing], dtype=mx.uint32)
         last = mx.array([len(m) for m in missing])
         at_pending = mx.arange(width)[None, :] == last[:, None]
