@@ -18,7 +18,7 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from engine.prefix_cache import PrefixCache
-from engine.sampling import make_row_processors, make_row_sampler
+from engine.sampling import LogitsProcessor, make_row_processors, make_row_sampler
 from engine.scheduler import StepOutput, StepPlan
 from engine.types import Request
 
@@ -61,17 +61,22 @@ class BatchRunner:
         self._gen = GenerationBatch.empty(model, greedy_sampler)
         self._no_stops = StopSequences()
 
-    def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0) -> None:
+    def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0,
+              constraint: LogitsProcessor | None = None) -> None:
+        """Queue a row for prefill; `constraint` (its grammar) masks its logits after the rest."""
         uid = next(self._uids)
         self._uid_of[request.id], self._seq_of[uid] = uid, request.id
         self._requests[request.id] = request
+        processors = make_row_processors(request.sampling)
+        if constraint is not None:
+            processors.append(constraint)
         self._prompts[request.id] = PromptProcessingBatch(
             self.model, [uid], [cache if cache is not None else make_prompt_cache(self.model)],
             tokens=[list(request.prompt_tokens[:num_cached])],
             prefill_step_size=self.prefill_step_size,
             samplers=[make_row_sampler(request.sampling)],
             fallback_sampler=greedy_sampler,
-            logits_processors=[make_row_processors(request.sampling)],
+            logits_processors=[processors],
             stop_sequences=[self._no_stops], max_tokens=[NO_LIMIT])
 
     def step(self, plan: StepPlan) -> StepOutput:

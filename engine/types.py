@@ -46,6 +46,10 @@ class Request:
     tools: tuple[dict[str, Any], ...] | None = None
     # Log-probabilities of each sampled token with this many top alternatives (None: off).
     logprobs: int | None = None
+    # llguidance grammar text every generated token must follow (None: free text).
+    grammar: str | None = None
+    # The grammar forces tool calls, written in hermes markup whatever the model family.
+    forced_tool_calls: bool = False
 
 
 class FinishReason(enum.Enum):
