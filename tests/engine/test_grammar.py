@@ -74,7 +74,8 @@ def test_constraint_refuses_a_token_outside_the_grammar(grammars: GrammarTokeniz
     assert c.error is not None and "doesn't satisfy the grammar" in c.error
 
 
-def test_constraint_rollback_and_validate_for_draft_tokens(grammars: GrammarTokenizer, tokenizer: Any) -> None:
+def test_constraint_rollback_and_validate_for_draft_tokens(grammars: GrammarTokenizer,
+                                                           tokenizer: Any) -> None:
     c = grammars.constraint(structured.json_schema({"type": "object", "properties": {
         "a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}, "p"))
     draft = ids(tokenizer, '{"a": 12}')
@@ -87,7 +88,8 @@ def test_constraint_rollback_and_validate_for_draft_tokens(grammars: GrammarToke
     assert all(c.consume(t) for t in draft) and c.is_done()
 
 
-def test_constraint_as_processor_consumes_the_previous_token(grammars: GrammarTokenizer, tokenizer: Any) -> None:
+def test_constraint_as_processor_consumes_the_previous_token(grammars: GrammarTokenizer,
+                                                             tokenizer: Any) -> None:
     """mlx-lm calls it once per step; the first call (first generated token) consumes nothing."""
     c = grammars.constraint(structured.choice(["yes", "no"], "p"))
     logits = mx.zeros((1, c.vocab_size))
