@@ -93,7 +93,8 @@ def forced_calls(tools: Sequence[dict[str, Any]] | None, name: str | None, requi
         raise InvalidRequest("`tool_choice` forces a tool call but no tools are offered",
                              param="tool_choice")
     rules = [_call_rule(i, f) for i, f in enumerate(functions)]
-    repeat = ' ("\\n" call)*' if parallel and name is None else ""
+    # Calls follow one another directly: anything between them would reach the client as text.
+    repeat = "+" if parallel and name is None else ""
     lark = "\n".join([
         f"start: call{repeat}",
         f"call: {json.dumps(HERMES.start + chr(10))} body {json.dumps(chr(10) + HERMES.end)}",

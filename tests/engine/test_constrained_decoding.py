@@ -44,6 +44,10 @@ SCHEMAS: list[dict[str, Any]] = [
     {"type": "array", "items": {"type": "integer", "minimum": -50, "maximum": 50},
      "minItems": 1, "maxItems": 4},
     {"type": "object", "properties": {
+        "price": {"type": "number", "minimum": 0, "maximum": 99, "multipleOf": 0.25},
+        "delta": {"type": "number", "minimum": -1, "maximum": 1, "multipleOf": 0.5}},
+     "required": ["price", "delta"], "additionalProperties": False},
+    {"type": "object", "properties": {
         "point": {"type": "object", "properties": {
             "ok": {"type": "boolean"},
             "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
@@ -122,8 +126,10 @@ def test_checker_catches_what_the_tests_rely_on() -> None:
     assert errors({"name": "x" * 13, "age": 7}, SCHEMAS[0])
     assert errors({"color": "red", "size": 1, "kind": "shirt", "x": 0}, SCHEMAS[1])
     assert errors([], SCHEMAS[2]) and errors([51], SCHEMAS[2])
-    assert errors({"point": {"ok": True, "tags": ["c"], "id": "abc"}}, SCHEMAS[3])
-    assert not errors({"point": {"ok": False, "tags": [], "id": "ab"}, "note": "hi"}, SCHEMAS[3])
+    assert errors({"price": 1.3, "delta": 0.5}, SCHEMAS[3]) and errors({"price": 100, "delta": 0}, SCHEMAS[3])
+    assert not errors({"price": 98.75, "delta": -1}, SCHEMAS[3])
+    assert errors({"point": {"ok": True, "tags": ["c"], "id": "abc"}}, SCHEMAS[4])
+    assert not errors({"point": {"ok": False, "tags": [], "id": "ab"}, "note": "hi"}, SCHEMAS[4])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -169,19 +175,22 @@ def test_forced_tool_calls_come_back_as_tool_calls(tiny: tuple[Any, Any]) -> Non
     tools = (WEATHER, CLOCK)
 
     def forced(rid: str, name: str | None, seed: int) -> Request:
+        grammar = structured.forced_calls(tools, name, True, rid == "parallel")
         return Request(rid, ids, SamplingParams(temperature=1.0, seed=seed), 80, tools=tools,
-                       grammar=structured.forced_calls(tools, name, True, False),
-                       forced_tool_calls=True)
+                       grammar=grammar, forced_tool_calls=True)
 
     got = run(make_core(tiny), [forced("named", "now", 1), forced("any-1", None, 2),
-                                forced("any-2", None, 3)])
+                                forced("any-2", None, 3), forced("parallel", None, 4)])
     for rid, events in got.items():
-        assert finish(events) is FinishReason.TOOL_CALLS, events
-        assert text(events) == ""
-        ((name, arguments),) = calls(events)
-        assert rid != "named" or name == "now"
-        schema = (WEATHER if name == "get_weather" else CLOCK)["function"]["parameters"]
-        assert errors(arguments, schema) == []
+        made = calls(events)
+        for name, arguments in made:
+            assert rid != "named" or name == "now"
+            schema = (WEATHER if name == "get_weather" else CLOCK)["function"]["parameters"]
+            assert errors(arguments, schema) == []
+        if rid == "parallel":  # calls until the model stops or max_tokens cuts the last one
+            assert len(made) >= 1 and finish(events) in (FinishReason.TOOL_CALLS, FinishReason.LENGTH)
+        else:
+            assert (len(made), text(events), finish(events)) == (1, "", FinishReason.TOOL_CALLS)
 
 
 def test_a_grammar_the_engine_cannot_build_fails_only_its_own_request(tiny: tuple[Any, Any]) -> None:

@@ -147,13 +147,13 @@ def test_forced_call_grammar_is_one_call_with_valid_arguments(grammars: GrammarT
     assert not follows(grammars, tokenizer, named, call("get_weather", {"city": "Oslo"}))
     assert not follows(grammars, tokenizer, named, call("now", {}))
     assert not follows(grammars, tokenizer, named, "Sure! " + call("get_weather", {"city": "Rome"}))
-    two = call("get_weather", {"city": "Rome"}) + "\n" + call("now", {})
+    two = call("get_weather", {"city": "Rome"}) + call("now", {})
     assert not follows(grammars, tokenizer, named, two)
 
 
 def test_required_call_grammar_is_any_tool_and_parallel_when_allowed(grammars: GrammarTokenizer,
                                                                     tokenizer: Any) -> None:
-    two = call("get_weather", {"city": "Rome"}) + "\n" + call("now", {})
+    two = call("get_weather", {"city": "Rome"}) + call("now", {})
     parallel = structured.forced_calls([WEATHER, NOW], None, True, True)
     single = structured.forced_calls([WEATHER, NOW], None, True, False)
     assert parallel is not None and single is not None

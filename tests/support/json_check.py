@@ -1,6 +1,7 @@
 """A small JSON Schema checker for the subset the structured-output tests use (jsonschema is not
 installed): type, enum, const, properties/required/additionalProperties, items with
-minItems/maxItems, string min/maxLength and pattern, number bounds, anyOf, local $ref."""
+minItems/maxItems, string min/maxLength and pattern, number bounds and multipleOf, anyOf,
+local $ref."""
 
 from __future__ import annotations
 
@@ -81,4 +82,8 @@ def _string(value: str, schema: dict[str, Any], at: str) -> list[str]:
 
 def _number(value: float, schema: dict[str, Any], at: str) -> list[str]:
     low, high = schema.get("minimum", value), schema.get("maximum", value)
-    return [] if low <= value <= high else [f"{at}: {value} is not within [{low}, {high}]"]
+    out = [] if low <= value <= high else [f"{at}: {value} is not within [{low}, {high}]"]
+    step = schema.get("multipleOf")
+    if step is not None and abs(value / step - round(value / step)) > 1e-9:
+        out.append(f"{at}: {value} is not a multiple of {step}")
+    return out
