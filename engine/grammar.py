@@ -23,10 +23,9 @@ class GrammarTokenizer:
     """llguidance's view of the model's vocabulary; built once per engine (about a second)."""
 
     def __init__(self, wrapper: Any) -> None:
-        hf = getattr(wrapper, "_tokenizer", wrapper)
-        eos = sorted(wrapper.eos_token_ids)
-        self.ll = llguidance.hf.from_tokenizer(hf, eos_token=eos)
-        self.eos_token_ids = frozenset(eos)
+        hf = getattr(wrapper, "_tokenizer", wrapper)  # mlx-lm's wrapper holds the HF tokenizer
+        # Every id the scheduler ends a row on: a complete grammar allows exactly those.
+        self.ll = llguidance.hf.from_tokenizer(hf, eos_token=sorted(wrapper.eos_token_ids))
 
     def constraint(self, grammar: str) -> Constraint:
         """A fresh matcher for one row; a grammar llguidance refuses is an InvalidRequest."""
@@ -53,9 +52,9 @@ class Constraint:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._started:
-            mx.async_eval(logits)  # the forward runs while we wait for the token and build the mask
-            self.consume(int(tokens[-1].item()))
+            self.consume(int(tokens[-1].item()))  # waits for the previous step's sampling only
         self._started = True
+        mx.async_eval(logits)  # this step's forward runs while the CPU computes the mask
         return self.apply(logits)
 
     def consume(self, token: int) -> bool:
@@ -87,7 +86,7 @@ class Constraint:
         return np.unpackbits(words, bitorder="little")[: self.vocab_size].astype(np.bool_)
 
     def apply(self, logits: mx.array) -> mx.array:
-        """`logits` (one row, or rows sharing this state) with every disallowed token at -inf."""
+        """The row's `logits` with every token the grammar does not allow next at -inf."""
         allowed = self.allowed()
         width = logits.shape[-1]
         if width != allowed.size:  # the model's vocabulary may be padded past the tokenizer's

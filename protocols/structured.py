@@ -113,7 +113,7 @@ def pick(calls: str | None, output: str | None, param: str) -> tuple[str | None,
 
 
 def _call_rule(i: int, function: dict[str, Any]) -> str:
-    head = '{"name": ' + json.dumps(function["name"]) + ', "arguments": '
+    head = '{"name": ' + json.dumps(function["name"], ensure_ascii=False) + ', "arguments": '
     parameters = function.get("parameters") or NO_PARAMETERS
     schema = {**parameters, "x-guidance": {**JSON_STYLE, **parameters.get("x-guidance", {})}}
     return f"call_{i}: {json.dumps(head)} %json {json.dumps(schema)} \"}}\""

@@ -129,6 +129,8 @@ def test_regex_choice_and_lark_grammars(grammars: GrammarTokenizer, tokenizer: A
     assert not follows(grammars, tokenizer, structured.regex(r"\d{3}-[a-z]+", "p"), "12-abc")
     assert follows(grammars, tokenizer, structured.choice(["red", "green"], "p"), "green")
     assert not follows(grammars, tokenizer, structured.choice(["red", "green"], "p"), "blue")
+    quoted = structured.choice(['say "hi"', "café\n"], "p")
+    assert follows(grammars, tokenizer, quoted, 'say "hi"') and follows(grammars, tokenizer, quoted, "café\n")
     lark = 'start: "x=" NUM ";"\nNUM: /[0-9]+/'
     assert follows(grammars, tokenizer, structured.grammar(lark, "p"), "x=42;")
     gbnf = 'root ::= "x=" [0-9]+ ";"'
@@ -136,7 +138,15 @@ def test_regex_choice_and_lark_grammars(grammars: GrammarTokenizer, tokenizer: A
 
 
 def call(name: str, arguments: dict[str, Any]) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def test_forced_call_names_are_written_as_a_model_writes_them(grammars: GrammarTokenizer,
+                                                             tokenizer: Any) -> None:
+    tool = {"function": {"name": "météo", "parameters": {"type": "object"}}}
+    g = structured.forced_calls([tool], "météo", False, False)
+    assert g is not None and follows(grammars, tokenizer, g, call("météo", {}))
 
 
 def test_forced_call_grammar_is_one_call_with_valid_arguments(grammars: GrammarTokenizer,
