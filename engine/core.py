@@ -280,7 +280,8 @@ class Core:
             return None
         lp, top = u.logprobs
         decode = self.tokenizer.decode
-        return TokenLogprob(decode([u.token]), lp, tuple((decode([t]), v) for t, v in top))
+        alternatives = tuple((decode([t]), v) for t, v in top if v > float("-inf"))  # not grammar-forbidden
+        return TokenLogprob(decode([u.token]), lp, alternatives)
 
     def _drop(self, seq_id: str) -> None:
         self.clocks.pop(seq_id, None)

@@ -9,6 +9,7 @@ decides what comes out. Every schema here is bounded, so every row must end by t
 from __future__ import annotations
 
 import json
+import math
 import queue
 import threading
 from pathlib import Path
@@ -200,3 +201,15 @@ def test_a_grammar_the_engine_cannot_build_fails_only_its_own_request(tiny: tupl
     (error,) = got["bad"]
     assert isinstance(error, InvalidRequest) and "unknown special token" in error.message
     assert finish(got["ok"]) is FinishReason.LENGTH
+
+
+def test_log_probabilities_under_a_grammar_leave_out_forbidden_tokens(tiny: tuple[Any, Any]) -> None:
+    ids = prompt(tiny[1], "Yes or no?")
+    request = Request("lp", ids, SamplingParams(), 10, logprobs=5,
+                      grammar=structured.choice(["yes", "no"], "p"))
+    events = run(make_core(tiny), [request])["lp"]
+    entries = [t for e in events if isinstance(e, TextDelta) for t in e.logprobs]
+    assert entries and text(events) in ("yes", "no")
+    for entry in entries:
+        assert math.isfinite(entry.logprob) and entry.top
+        assert all(math.isfinite(v) for _, v in entry.top), entry.top
