@@ -265,7 +265,8 @@ def _grammar(req: PromptBody) -> tuple[str | None, bool]:
     it forces tool calls."""
     choice = req.tool_choice
     name = choice.name if isinstance(choice, ToolChoiceTool) else None
-    parallel = not getattr(choice, "disable_parallel_tool_use", False)
+    # `any` may make several calls unless told not to; a named tool makes one.
+    parallel = isinstance(choice, ToolChoiceAny) and not choice.disable_parallel_tool_use
     forced = structured.forced_calls(offered_tools(req), name, isinstance(choice, ToolChoiceAny),
                                      parallel)
     fmt, param = req.output_format, "output_format"

@@ -362,8 +362,10 @@ def _grammar(req: ResponsesBody, tools: list[dict[str, Any]] | None) -> tuple[st
     forced = structured.forced_calls(tools, name, choice == "required",
                                      req.parallel_tool_calls is not False)
     fmt = req.text.format if req.text is not None else None
-    output = None if fmt is None or fmt.type == "text" else structured.json_schema(
-        fmt.schema, "text.format.schema")
+    output = None
+    if fmt is not None and fmt.type != "text":  # json_object: any object, whatever `schema` says
+        schema = fmt.schema if fmt.type == "json_schema" else None
+        output = structured.json_schema(schema, "text.format.schema")
     return structured.pick(forced, output, "text.format")
 
 
