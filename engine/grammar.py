@@ -9,6 +9,7 @@ row ends with `stop`.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import llguidance
@@ -17,6 +18,8 @@ import mlx.core as mx
 import numpy as np
 
 from engine.errors import InvalidRequest
+
+log = logging.getLogger("mlx_serve.engine")
 
 
 class GrammarTokenizer:
@@ -51,8 +54,10 @@ class Constraint:
         self._started = False
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if self._started:
-            self.consume(int(tokens[-1].item()))  # waits for the previous step's sampling only
+        # int() waits for the previous step's sampling only. A refused token (it cannot come
+        # from the masked logits) leaves the matcher failed, and a failed matcher allows only EOS.
+        if self._started and not self.consume(int(tokens[-1].item())):
+            log.warning("a grammar refused a sampled token; the row ends: %s", self.error)
         self._started = True
         mx.async_eval(logits)  # this step's forward runs while the CPU computes the mask
         return self.apply(logits)

@@ -72,6 +72,7 @@ def test_constraint_refuses_a_token_outside_the_grammar(grammars: GrammarTokeniz
     assert c.consume(ids(tokenizer, "7")[0])
     assert not c.consume(ids(tokenizer, "x")[0])
     assert c.error is not None and "doesn't satisfy the grammar" in c.error
+    assert c.is_done() and set(np.flatnonzero(c.allowed())) == set(tokenizer.eos_token_ids)
 
 
 def test_constraint_rollback_and_validate_for_draft_tokens(grammars: GrammarTokenizer,
