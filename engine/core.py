@@ -15,7 +15,7 @@ from engine.scheduler import Scheduler, StepOutput, StepPlan, TokenUpdate
 from engine.reasoning import ReasoningSplitter, reasoning_splitter
 from engine.stops import StopMatcher
 from engine.tool_calls import ToolCallSplitter
-from engine.tool_formats import tool_format_for
+from engine.tool_formats import HERMES, tool_format_for
 from engine.types import (
     Counters,
     Delta,
@@ -37,7 +37,8 @@ class PrefixLookup(Protocol):
 
 
 class Runner(Protocol):
-    def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0) -> None: ...
+    def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0,
+              constraint: Any = None) -> None: ...
     def step(self, plan: StepPlan) -> StepOutput: ...
     def reset(self) -> None: ...
 
@@ -139,6 +140,8 @@ class Core:
         self.clocks: dict[str, Clock] = {}
         self.tool_format = tool_format_for(tokenizer, tool_parser)
         self._prefixes: dict[str, tuple[list[Any] | None, int]] = {}
+        self._constraints: dict[str, Any] = {}  # grammar state of constrained requests, by id
+        self._grammar_tokenizer: Any = None  # built on the first constrained request
         self.memory_plan: Any = None  # the admission plan this core was sized by, if any
         scheduler.cached_prefix = self._lookup_prefix
 
@@ -182,12 +185,25 @@ class Core:
             self.counters.requests_aborted += 1
             return
         try:
+            constraint = self._constraint(ticket.request)
             self.scheduler.add(ticket.request)
         except ServeError as exc:
             ticket.emit(exc)
             return
         self.tickets[ticket.request.id] = ticket
         self.clocks[ticket.request.id] = Clock(time.perf_counter())
+        if constraint is not None:
+            self._constraints[ticket.request.id] = constraint
+
+    def _constraint(self, request: Request) -> Any:
+        """The request's grammar as a fresh matcher (InvalidRequest if it does not compile)."""
+        if request.grammar is None:
+            return None
+        if self._grammar_tokenizer is None:
+            from engine.grammar import GrammarTokenizer  # llguidance loads only when used
+
+            self._grammar_tokenizer = GrammarTokenizer(self.tokenizer)
+        return self._grammar_tokenizer.constraint(request.grammar)
 
     def _reap_aborted(self) -> None:
         for seq_id in [s for s, t in self.tickets.items() if t.aborted.is_set()]:
@@ -225,11 +241,14 @@ class Core:
         seq = self.scheduler.get(seq_id)
         assert seq is not None
         cache, _ = self._prefixes.pop(seq_id, (None, 0))
-        self.runner.admit(seq.request, cache, seq.num_cached)
-        tools = seq.request.tools
-        splitter = ToolCallSplitter(self.tool_format, tools) if tools else None
-        self.texts[seq_id] = RowText(self.tokenizer.detokenizer, StopMatcher(seq.request.stop), splitter,
-                                     reasoning_splitter(self.tokenizer, seq.request.prompt_tokens))
+        request = seq.request
+        self.runner.admit(request, cache, seq.num_cached, self._constraints.pop(seq_id, None))
+        fmt = HERMES if request.forced_tool_calls else self.tool_format
+        splitter = ToolCallSplitter(fmt, request.tools) if request.tools else None
+        # A grammar shapes the answer from its first token: there is no reasoning to split off.
+        reasoning = None if request.grammar else reasoning_splitter(self.tokenizer, request.prompt_tokens)
+        self.texts[seq_id] = RowText(self.tokenizer.detokenizer, StopMatcher(request.stop), splitter,
+                                     reasoning)
         self.counters.requests_started += 1
         self.counters.prompt_tokens += seq.prompt_len
         self.counters.prefill_tokens += seq.prompt_len - seq.num_cached
@@ -267,12 +286,14 @@ class Core:
             return None
         lp, top = u.logprobs
         decode = self.tokenizer.decode
-        return TokenLogprob(decode([u.token]), lp, tuple((decode([t]), v) for t, v in top))
+        alternatives = tuple((decode([t]), v) for t, v in top if v > float("-inf"))  # not grammar-forbidden
+        return TokenLogprob(decode([u.token]), lp, alternatives)
 
     def _drop(self, seq_id: str) -> None:
         self.clocks.pop(seq_id, None)
         self.tickets.pop(seq_id, None)
         self.texts.pop(seq_id, None)
+        self._constraints.pop(seq_id, None)
 
     def _fail_all(self, exc: ServeError) -> None:
         """Fail every request the runner held; those still waiting keep their place."""

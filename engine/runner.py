@@ -21,7 +21,7 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from engine.drafting import Draft, PredictionLookup, PromptLookup, RowSpeculation, SpeculationGate
 from engine.prefix_cache import PrefixCache
-from engine.sampling import make_row_processors, make_row_sampler
+from engine.sampling import LogitsProcessor, make_row_processors, make_row_sampler
 from engine.scheduler import StepOutput, StepPlan
 from engine.speculative import DraftRows, can_speculate, empty_batch
 from engine.types import Request
@@ -81,17 +81,22 @@ class BatchRunner:
         self._gen = empty_batch(model, self._draft_rows)
         self._no_stops = StopSequences()
 
-    def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0) -> None:
+    def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0,
+              constraint: LogitsProcessor | None = None) -> None:
+        """Queue a row for prefill; `constraint` (its grammar) masks its logits after the rest."""
         uid = next(self._uids)
         self._uid_of[request.id], self._seq_of[uid] = uid, request.id
         self._requests[request.id] = request
+        processors = make_row_processors(request.sampling)
+        if constraint is not None:
+            processors.append(constraint)
         self._prompts[request.id] = PromptProcessingBatch(
             self.model, [uid], [cache if cache is not None else make_prompt_cache(self.model)],
             tokens=[list(request.prompt_tokens[:num_cached])],
             prefill_step_size=self.prefill_step_size,
             samplers=[make_row_sampler(request.sampling)],
             fallback_sampler=greedy_sampler,
-            logits_processors=[make_row_processors(request.sampling)],
+            logits_processors=[processors],
             stop_sequences=[self._no_stops], max_tokens=[NO_LIMIT])
         if (row := self._row_speculation(request)) is not None:
             self._spec[request.id] = row
@@ -99,8 +104,8 @@ class BatchRunner:
     def _row_speculation(self, request: Request) -> RowSpeculation | None:
         """A prediction drafts for its own request; otherwise the server's drafter, if any.
         A request's num_draft_tokens may lower the server's γ (0 turns speculation off)."""
-        if not self._can_speculate:
-            return None
+        if not self._can_speculate or request.grammar is not None:
+            return None  # a constrained row's matcher follows one token a step: it does not speculate
         conf, asked = self.speculation, request.num_draft_tokens
         k = conf.num_draft_tokens if asked is None else min(asked, conf.num_draft_tokens)
         if request.prediction:

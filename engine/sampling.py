@@ -8,7 +8,6 @@ batch sample them with one argmax.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import mlx.core as mx
 from mlx_lm.sample_utils import (
@@ -22,6 +21,7 @@ from mlx_lm.sample_utils import (
 from engine.types import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]  # (token context, logits) -> logits
 
 
 class RowSampler:
@@ -77,7 +77,7 @@ def _filters(s: SamplingParams) -> list[Callable[[mx.array], mx.array]]:
     return out
 
 
-def make_row_processors(s: SamplingParams) -> list[Any]:
+def make_row_processors(s: SamplingParams) -> list[LogitsProcessor]:
     return make_logits_processors(
         logit_bias=s.logit_bias,
         repetition_penalty=s.repetition_penalty or None,

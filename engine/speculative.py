@@ -164,7 +164,7 @@ class SpecBatch(GenerationBatch):
             table = mx.where(use_model, md.astype(mx.uint32), table)
         inputs = mx.concatenate([pending.astype(mx.uint32)[:, None], table], axis=1)
         logits = self.model(inputs, cache=self.prompt_cache)
-        logits = self._processed(inputs, logits)
+        logits = self._processed(inputs, logits, lengths)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled, commits = self._sample(logprobs)
         mx.eval(inputs, sampled, self._next_logprobs)
@@ -198,24 +198,27 @@ class SpecBatch(GenerationBatch):
         self.known = dict(zip(self.uids, next_tokens))
         return results
 
-    def _processed(self, inputs: mx.array, logits: mx.array) -> mx.array:
-        """Each row's processors at each position, with that position's token context."""
+    def _processed(self, inputs: mx.array, logits: mx.array, lengths: list[int]) -> mx.array:
+        """Each row's processors at each position it drafted for, with that position's context.
+        A row without drafts is processed at its first position only, exactly as a plain step
+        would (a grammar matcher advances once per call: it must see each token once)."""
         if not any(self.logits_processors):
             return logits
         rows = []
+        width = inputs.shape[1]
         for e, procs in enumerate(self.logits_processors):
             if not procs:
                 rows.append(logits[e])
                 continue
             base = self._token_context[e].tokens
             out = []
-            for j in range(inputs.shape[1]):
+            for j in range(1 + lengths[e]):
                 ctx = mx.concatenate([base, inputs[e, :j + 1].astype(base.dtype)])
                 lj = logits[e, j:j + 1]
                 for p in procs:
                     lj = p(ctx, lj)
                 out.append(lj)
-            rows.append(mx.concatenate(out, axis=0))
+            rows.append(mx.concatenate([*out, logits[e, len(out):width]], axis=0))
         return mx.stack(rows)
 
     def _sample(self, logprobs: mx.array) -> tuple[mx.array, list[Callable[[int], None] | None]]:

@@ -50,6 +50,10 @@ class Request:
     # and the client's predicted output (OpenAI Predicted Outputs), tokenized.
     num_draft_tokens: int | None = None
     prediction: tuple[int, ...] | None = None
+    # llguidance grammar text every generated token must follow (None: free text).
+    grammar: str | None = None
+    # The grammar forces tool calls, written in hermes markup whatever the model family.
+    forced_tool_calls: bool = False
 
 
 class FinishReason(enum.Enum):

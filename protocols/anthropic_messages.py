@@ -29,6 +29,7 @@ from engine.types import (
 )
 from protocols import conversation as conv
 from protocols import openai_common as common
+from protocols import structured
 from protocols.conversation import TemplateConversation
 from server.types import Job, ProtocolContext, Result, ToolCall
 
@@ -154,7 +155,10 @@ Thinking = ThinkingEnabled | ThinkingAdaptive | ThinkingBetweenTools | ThinkingD
 
 
 class OutputFormat(Struct, frozen=True):
-    type: str
+    """Structured output: the answer's text is JSON valid against `schema`."""
+
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
 
 
 class OutputConfig(Struct, frozen=True):
@@ -181,8 +185,8 @@ class PromptBody(Struct, frozen=True, kw_only=True):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's spelling
     # Answer-changing fields refused until supported.
-    output_format: Any = None
     container: Any = None
     mcp_servers: Any = None
     context_management: Any = None
@@ -218,6 +222,7 @@ class MessagesJob(Job):
 def parse_body(body: bytes, ctx: ProtocolContext) -> MessagesJob:
     """Decode, validate and render one Messages request; ServeError 400 on any fault."""
     req = common.decode(_DECODER, body)
+    grammar, forced = _grammar(req)
     request = Request(
         id=conv.new_id(ID_PREFIX),
         prompt_tokens=tuple(render(req, ctx)),
@@ -225,6 +230,8 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> MessagesJob:
         max_tokens=req.max_tokens,
         stop=tuple(req.stop_sequences or ()),
         tools=offered_tools(req),
+        grammar=grammar,
+        forced_tool_calls=forced,
     )
     return MessagesJob(request, stream=bool(req.stream), model=req.model,
                        show_thinking=_display(req.thinking) != "omitted")
@@ -254,13 +261,27 @@ def render(req: PromptBody, ctx: ProtocolContext) -> list[int]:
     return conv.render_prompt(ctx, messages, list(tools) if tools else None, kwargs, "messages")
 
 
-def _check_supported(req: PromptBody) -> None:
-    if isinstance(req.tool_choice, ToolChoiceAny | ToolChoiceTool):
-        kind = "any" if isinstance(req.tool_choice, ToolChoiceAny) else "tool"
-        raise common.unsupported("tool_choice", f"`tool_choice` of type {kind!r}")
+def _grammar(req: PromptBody) -> tuple[str | None, bool]:
+    """The grammar the answer follows (a forced tool choice or the output format), and whether
+    it forces tool calls."""
+    choice = req.tool_choice
+    name = choice.name if isinstance(choice, ToolChoiceTool) else None
+    # `any` may make several calls unless told not to; a named tool makes one.
+    parallel = isinstance(choice, ToolChoiceAny) and not choice.disable_parallel_tool_use
+    forced = structured.forced_calls(offered_tools(req), name, isinstance(choice, ToolChoiceAny),
+                                     parallel)
+    fmt, param = req.output_format, "output_format"
     if req.output_config is not None and req.output_config.format is not None:
-        raise common.unsupported("output_config.format", "structured output")
-    for field in ("output_format", "container", "mcp_servers", "context_management"):
+        if fmt is not None:
+            raise InvalidRequest("give `output_config.format` or `output_format`, not both",
+                                 param="output_format")
+        fmt, param = req.output_config.format, "output_config.format"
+    output = None if fmt is None else structured.json_schema(fmt.schema, f"{param}.schema")
+    return structured.pick(forced, output, param)
+
+
+def _check_supported(req: PromptBody) -> None:
+    for field in ("container", "mcp_servers", "context_management"):
         if getattr(req, field) is not None:
             raise common.unsupported(field)
 

@@ -24,12 +24,12 @@ from engine.types import (
 )
 from protocols import conversation as conv
 from protocols import openai_common as common
+from protocols import structured
 from server.types import Job, ProtocolContext, Result
 
 OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"
 ID_PREFIX = "chatcmpl"
-TOOL_CHOICES_SUPPORTED = ("auto", "none")
 
 
 class _Part(Struct, frozen=True, tag_field="type"):
@@ -108,12 +108,24 @@ class Tool(Struct, frozen=True):
     type: Literal["function"] = "function"
 
 
+class FunctionName(Struct, frozen=True):
+    name: str
+
+
+class NamedToolChoice(Struct, frozen=True):
+    """`{"type": "function", "function": {"name": …}}`: a call to that function, and only it."""
+
+    function: FunctionName
+    type: Literal["function"] = "function"
+
+
 class ChatCompletionBody(common.OpenAIFields, frozen=True, kw_only=True):
     """The body of POST /v1/chat/completions."""
 
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # Answer-changing fields refused until supported.
@@ -143,12 +155,18 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
     if not ids:
         raise InvalidRequest("the chat template rendered an empty prompt", param="messages")
     offered = tools if req.tool_choice != "none" else None
-    return common.build_job(req, ids, ctx, ID_PREFIX, offered, common.chat_logprobs(req))
+    return common.build_job(req, ids, ctx, ID_PREFIX, offered, common.chat_logprobs(req),
+                            _forced_calls(req, offered))
+
+
+def _forced_calls(req: ChatCompletionBody, tools: list[dict[str, Any]] | None) -> str | None:
+    choice = req.tool_choice
+    name = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    return structured.forced_calls(tools, name, choice == "required",
+                                   req.parallel_tool_calls is not False)
 
 
 def _check_chat_supported(req: ChatCompletionBody) -> None:
-    if req.tools and req.tool_choice is not None and req.tool_choice not in TOOL_CHOICES_SUPPORTED:
-        raise common.unsupported("tool_choice", "`tool_choice` other than 'auto' or 'none'")
     if req.functions is not None or req.function_call is not None:
         param = "functions" if req.functions is not None else "function_call"
         raise common.unsupported(param, f"`{param}` (deprecated; use `tools`)")

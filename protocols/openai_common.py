@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import orjson
@@ -26,6 +26,7 @@ from engine.errors import (
     Unauthorized,
 )
 from engine.types import Request, SamplingParams, TokenLogprob, Usage
+from protocols import structured
 from server.types import Job, ProtocolContext
 
 DONE = b"data: [DONE]\n\n"
@@ -51,8 +52,29 @@ class StreamOptions(Struct, frozen=True):
     include_usage: bool | None = None
 
 
+class JsonSchemaSpec(Struct, frozen=True):
+    """`response_format.json_schema`; `strict` or not, the schema is enforced."""
+
+    name: str | None = None
+    schema: dict[str, Any] | bool | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
 class ResponseFormat(Struct, frozen=True):
-    type: str
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StructuredOutputs(Struct, frozen=True):
+    """vLLM's `structured_outputs`: one of its constraints."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: Any = None
 
 
 class OpenAIFields(Struct, frozen=True, kw_only=True):
@@ -77,10 +99,16 @@ class OpenAIFields(Struct, frozen=True, kw_only=True):
     stop: StopString | StopList | None = None
     seed: int | None = None
     n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
-    # Fields that would change the answer; refused until supported.
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
+    # Structured output: OpenAI's response_format, or vLLM's extras (one at most).
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    # Fields that would change the answer; refused until supported.
     prediction: Any = None
     xtc_probability: Annotated[float, Meta(ge=0, le=1)] | None = None
     adapters: str | None = None
@@ -115,9 +143,8 @@ def unsupported(param: str, what: str | None = None) -> InvalidRequest:
 
 def check_supported(fields: OpenAIFields) -> None:
     """Refuse fields we accept in the schema but cannot honour yet."""
-    if fields.response_format is not None and fields.response_format.type != "text":
-        kind = fields.response_format.type
-        raise unsupported("response_format", f"`response_format` of type {kind!r}")
+    if fields.structured_outputs is not None and fields.structured_outputs.structural_tag is not None:
+        raise unsupported("structured_outputs.structural_tag")
     if fields.xtc_probability:
         raise unsupported("xtc_probability", "`xtc_probability` > 0")
     _check_model_options(fields)
@@ -242,10 +269,40 @@ def _top(n: int, param: str) -> int:
     return n
 
 
+_GUIDES = {"json": structured.json_schema, "regex": structured.regex,
+           "choice": structured.choice, "grammar": structured.grammar}
+
+
+def output_grammar(fields: OpenAIFields) -> str | None:
+    """The grammar of the whole answer: response_format or one of vLLM's guides, checked."""
+    asked: list[tuple[str, str, Any]] = []  # (param, kind, value)
+    rf = fields.response_format
+    if rf is not None and rf.type != "text":
+        if rf.type == "json_schema" and rf.json_schema is None:
+            raise InvalidRequest("`response_format` of type 'json_schema' needs `json_schema`",
+                                 param="response_format.json_schema")
+        schema = rf.json_schema.schema if rf.json_schema is not None else None
+        param = "response_format.json_schema.schema" if rf.json_schema else "response_format"
+        asked.append((param, "json", structured.ANY_OBJECT if schema is None else schema))
+    asked += [(f"guided_{kind}", kind, getattr(fields, f"guided_{kind}")) for kind in _GUIDES]
+    so = fields.structured_outputs
+    if so is not None:
+        asked += [(f"structured_outputs.{kind}", kind, getattr(so, kind)) for kind in _GUIDES]
+        if so.json_object:
+            asked.append(("structured_outputs.json_object", "json", structured.ANY_OBJECT))
+    asked = [a for a in asked if a[2] is not None]
+    if len(asked) > 1:
+        raise InvalidRequest(f"`{asked[0][0]}` and `{asked[1][0]}` both constrain the answer; "
+                             "give one", param=asked[1][0])
+    return _GUIDES[asked[0][1]](asked[0][2], asked[0][0]) if asked else None
+
+
 def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolContext,
               id_prefix: str, tools: list[dict[str, Any]] | None = None,
-              logprobs: int | None = None) -> Job:
-    """The engine request plus the client's delivery choices."""
+              logprobs: int | None = None, forced_calls: str | None = None) -> Job:
+    """The engine request plus the client's delivery choices; `forced_calls` is the grammar
+    of a tool_choice that forces calls."""
+    grammar, forced = structured.pick(forced_calls, output_grammar(fields), "response_format")
     request = Request(
         id=f"{id_prefix}-{uuid.uuid4().hex}",
         prompt_tokens=tuple(prompt_tokens),
@@ -256,6 +313,8 @@ def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolConte
         logprobs=logprobs,
         num_draft_tokens=fields.num_draft_tokens,
         prediction=prediction_tokens(fields.prediction, ctx),
+        grammar=grammar,
+        forced_tool_calls=forced,
     )
     return Job(request, stream=bool(fields.stream), include_usage=include_usage(fields),
                model=fields.model or ctx.model_id, n=fields.n or 1)

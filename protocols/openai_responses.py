@@ -34,12 +34,12 @@ from engine.types import (
 )
 from protocols import conversation as conv
 from protocols import openai_common as common
+from protocols import structured
 from protocols.conversation import TemplateConversation
 from server.types import Job, ProtocolContext, Result
 
 ID_PREFIX = "resp"
 HEARTBEAT = b": keep-alive\n\n"
-TOOL_CHOICES_SUPPORTED = ("auto", "none")
 MIB = 1 << 20
 
 
@@ -116,12 +116,25 @@ class FunctionTool(Struct, frozen=True, kw_only=True):
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    # Accepted, not enforced until constrained decoding lands (as in chat).
+    # Accepted; arguments follow the schema when `tool_choice` forces a call (as in chat).
     strict: bool | None = None
 
 
-class TextFormat(Struct, frozen=True):
-    type: str
+class FunctionChoice(Struct, frozen=True):
+    """`{"type": "function", "name": …}`: a call to that function, and only it."""
+
+    name: str
+    type: Literal["function"] = "function"
+
+
+class TextFormat(Struct, frozen=True, omit_defaults=True):
+    """`text.format`: plain text, any JSON object, or JSON valid against `schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema: dict[str, Any] | bool | None = None
+    description: str | None = None
+    strict: bool | None = None
 
 
 class TextConfig(Struct, frozen=True):
@@ -149,7 +162,7 @@ class ResponsesBody(Struct, frozen=True, kw_only=True):
     top_k: Annotated[int, Meta(ge=-1)] | None = None
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = None
     text: TextConfig | None = None
@@ -241,12 +254,6 @@ class ResponsesStore:
 
 
 def _check_supported(req: ResponsesBody) -> None:
-    if req.tools and req.tool_choice is not None and req.tool_choice not in TOOL_CHOICES_SUPPORTED:
-        raise common.unsupported("tool_choice", "`tool_choice` other than 'auto' or 'none'")
-    fmt = req.text.format if req.text is not None else None
-    if fmt is not None and fmt.type != "text":
-        raise common.unsupported("text.format",
-                                 f"structured output (`text.format` of type {fmt.type!r})")
     if req.top_logprobs:
         raise common.unsupported("top_logprobs")
     if req.include and "message.output_text.logprobs" in req.include:
@@ -347,6 +354,21 @@ def _template_tools(req: ResponsesBody) -> list[dict[str, Any]] | None:
     return out
 
 
+def _grammar(req: ResponsesBody, tools: list[dict[str, Any]] | None) -> tuple[str | None, bool]:
+    """The grammar the answer follows (text.format or a forced tool choice), and whether it
+    forces tool calls."""
+    choice = req.tool_choice
+    name = choice.name if isinstance(choice, FunctionChoice) else None
+    forced = structured.forced_calls(tools, name, choice == "required",
+                                     req.parallel_tool_calls is not False)
+    fmt = req.text.format if req.text is not None else None
+    output = None
+    if fmt is not None and fmt.type != "text":  # json_object: any object, whatever `schema` says
+        schema = fmt.schema if fmt.type == "json_schema" else None
+        output = structured.json_schema(schema, "text.format.schema")
+    return structured.pick(forced, output, "text.format")
+
+
 def _thinking(reasoning: ReasoningConfig | None) -> bool | None:
     if reasoning is None or reasoning.effort is None:
         return None
@@ -356,6 +378,7 @@ def _thinking(reasoning: ReasoningConfig | None) -> bool | None:
 def _echo(req: ResponsesBody, request: Request) -> dict[str, Any]:
     """The request's settings as the response object repeats them, with defaults applied."""
     reasoning = req.reasoning or ReasoningConfig()
+    fmt = req.text.format if req.text else None
     tools = [{"type": "function", "name": t.name, "description": t.description,
               "parameters": t.parameters, "strict": t.strict} for t in req.tools or ()]
     return {
@@ -368,9 +391,9 @@ def _echo(req: ResponsesBody, request: Request) -> dict[str, Any]:
         "service_tier": "default",
         "store": req.store is not False,
         "temperature": request.sampling.temperature,
-        "text": {"format": {"type": "text"},
+        "text": {"format": msgspec.to_builtins(fmt) if fmt else {"type": "text"},
                  "verbosity": (req.text.verbosity if req.text else None) or "medium"},
-        "tool_choice": req.tool_choice or "auto",
+        "tool_choice": msgspec.to_builtins(req.tool_choice or "auto"),
         "tools": tools,
         "top_logprobs": 0,
         "top_p": request.sampling.top_p,
@@ -619,6 +642,7 @@ class OpenAIResponses:
         messages = template_messages(req.instructions, history + new_input, len(history))
         kwargs = conv.thinking_kwargs(_thinking(req.reasoning))
         tools = _template_tools(req)
+        grammar, forced = _grammar(req, tools)
         ids = conv.render_prompt(ctx, messages, tools, kwargs, "input")
         request = Request(
             id=conv.new_id(ID_PREFIX),
@@ -626,6 +650,8 @@ class OpenAIResponses:
             sampling=conv.sampling(ctx, req.temperature, req.top_p, req.top_k, req.min_p),
             max_tokens=req.max_output_tokens or ctx.defaults.max_tokens,
             tools=tuple(tools) if tools else None,
+            grammar=grammar,
+            forced_tool_calls=forced,
         )
         return ResponsesJob(request, stream=bool(req.stream), model=req.model or ctx.model_id,
                             echo=_echo(req, request), history=history, new_input=new_input,

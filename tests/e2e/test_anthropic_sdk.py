@@ -130,13 +130,14 @@ def test_errors_use_anthropic_envelope(client: anthropic.Anthropic,
             {"type": "image", "source": {"type": "url", "url": "http://example.com/cat.png"}}]}])
     assert e.value.body == {"type": "error", "error": {
         "type": "invalid_request_error", "message": "this model has no vision input"}}
-    with pytest.raises(anthropic.BadRequestError):
-        client.messages.create(model="m", max_tokens=10, messages=QUESTION,
-                               tool_choice={"type": "any"}, tools=[WEATHER])
     with pytest.raises(anthropic.BadRequestError) as e:
-        client.messages.create(model="m", max_tokens=10, messages=QUESTION, stream=True,
-                               output_config={"format": {"type": "json_schema", "schema": {}}})
-    assert e.value.body["error"]["message"] == "structured output is not supported yet"  # type: ignore[index]
+        client.messages.create(model="m", max_tokens=10, messages=QUESTION,
+                               tool_choice={"type": "tool", "name": "nope"}, tools=[WEATHER])
+    assert "not among the tools offered" in e.value.body["error"]["message"]  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="m", max_tokens=10, messages=QUESTION, stream=True, output_config={
+            "format": {"type": "json_schema", "schema": {"type": "foo"}}})
+    assert e.value.body["error"]["message"] == "invalid JSON schema: Invalid type: foo"  # type: ignore[index]
     url = smollm_server.url + "/v1/messages"
     for body in (b"{", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
                  b'{"model": "m", "max_tokens": 5, "messages": []}'):

@@ -150,8 +150,8 @@ def test_tool_prompt_answers_in_the_wire_shape(client: openai.OpenAI) -> None:
 def test_errors_use_openai_envelope(client: openai.OpenAI, smollm_server: ServerProcess) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="m", input="hi", text={"format": {
-            "type": "json_schema", "name": "x", "schema": {"type": "object"}}})
-    assert e.value.param == "text.format"
+            "type": "json_schema", "name": "x", "schema": {"type": "foo"}}})
+    assert e.value.param == "text.format.schema" and "Invalid type: foo" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="m", input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "http://example.com/cat.png", "detail": "auto"}]}])

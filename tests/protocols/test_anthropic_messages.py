@@ -36,7 +36,7 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols import anthropic_messages
+from protocols import anthropic_messages, structured
 from server.types import Job, ProtocolContext, Result, ToolCall, WireFormat
 from tests.protocols.scripted import (
     ScriptedServer,
@@ -168,12 +168,31 @@ def test_parse_tool_choice_none_hides_tools(ctx: ProtocolContext) -> None:
     assert rendered(ctx).tools is None
 
 
-@pytest.mark.parametrize(("choice", "kind"), [({"type": "any"}, "any"),
-                                              ({"type": "tool", "name": "get_weather"}, "tool")])
-def test_parse_refuses_forced_tool_choice(ctx: ProtocolContext, choice: Any, kind: str) -> None:
-    err = parse_error(ctx, messages=[USER], tools=[WEATHER], tool_choice=choice)
-    assert (err.param, err.message) == (
-        "tool_choice", f"`tool_choice` of type {kind!r} is not supported yet")
+NOW: Any = {"name": "now", "input_schema": {"type": "object"}}
+SCHEMA: Any = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("choice", "name", "required", "parallel"),
+    [({"type": "any"}, None, True, True),
+     ({"type": "any", "disable_parallel_tool_use": True}, None, True, False),
+     ({"type": "tool", "name": "now"}, "now", False, False)],
+)
+def test_parse_forced_tool_choice_is_a_tool_call_grammar(ctx: ProtocolContext, choice: Any,
+                                                         name: str | None, required: bool,
+                                                         parallel: bool) -> None:
+    request = parse(ctx, messages=[USER], tools=[WEATHER, NOW], tool_choice=choice).request
+    assert request.forced_tool_calls and request.tools is not None
+    assert request.grammar == structured.forced_calls(request.tools, name, required, parallel)
+
+
+@pytest.mark.parametrize("field", ["output_config", "output_format"])
+def test_parse_output_format_is_the_answers_grammar(ctx: ProtocolContext, field: str) -> None:
+    fmt = {"type": "json_schema", "schema": SCHEMA}
+    value = {"format": fmt, "effort": "low"} if field == "output_config" else fmt
+    request = parse(ctx, messages=[USER], **{field: value}).request
+    assert request.grammar == structured.json_schema(SCHEMA, "p")
+    assert not request.forced_tool_calls
 
 
 @pytest.mark.parametrize(
@@ -253,10 +272,20 @@ def test_parse_refuses_prefill(ctx: ProtocolContext) -> None:
 @pytest.mark.parametrize(
     ("fields", "param", "message"),
     [
-        ({"output_config": {"format": {"type": "json_schema", "schema": {}}}},
-         "output_config.format", "structured output is not supported yet"),
-        ({"output_format": {"type": "json_schema", "schema": {}}}, "output_format",
-         "`output_format` is not supported yet"),
+        ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "foo"}}}},
+         "output_config.format.schema", "invalid JSON schema: Invalid type: foo"),
+        ({"output_format": {"type": "json_schema", "schema": {"type": "object"}},
+          "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+         "output_format", "give `output_config.format` or `output_format`, not both"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "now"}}, "tool_choice",
+         ("`tool_choice` names the function 'now', which is not among the tools offered "
+          "('get_weather')")),
+        ({"tool_choice": {"type": "any"}}, "tool_choice",
+         "`tool_choice` forces a tool call but no tools are offered"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "any"},
+          "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+         "output_config.format", ("a `tool_choice` that forces a tool call cannot be combined "
+                                  "with a structured output format")),
         ({"container": "cntr_1"}, "container", "`container` is not supported yet"),
         ({"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers",
          "`mcp_servers` is not supported yet"),

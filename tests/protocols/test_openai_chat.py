@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from engine.errors import EngineFailed, InvalidRequest
 from engine.types import Finished, FinishReason, TextDelta, TokenLogprob, Usage
-from protocols import openai_chat
+from protocols import openai_chat, structured
 from server.types import Job, ProtocolContext, Result, WireFormat
 
 FORMAT: WireFormat = openai_chat.FORMAT
@@ -165,18 +165,49 @@ def test_parse_reports_template_errors_as_400(ctx: ProtocolContext) -> None:
 
 
 @pytest.mark.parametrize("choice", ["auto", "none", None])
-def test_parse_accepts_auto_or_none_tool_choice(ctx: ProtocolContext, choice: str | None) -> None:
+def test_parse_auto_or_none_tool_choice_constrains_nothing(ctx: ProtocolContext,
+                                                           choice: str | None) -> None:
     tool = {"type": "function", "function": {"name": "f"}}
-    assert parse(ctx, messages=[USER], tools=[tool], tool_choice=choice).request.prompt_tokens
+    request = parse(ctx, messages=[USER], tools=[tool], tool_choice=choice).request
+    assert request.grammar is None and not request.forced_tool_calls
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}])
-def test_parse_rejects_forced_tool_choice(ctx: ProtocolContext, choice: Any) -> None:
-    tool = {"type": "function", "function": {"name": "f"}}
-    err = parse_error(ctx, messages=[USER], tools=[tool], tool_choice=choice)
-    assert err.param == "tool_choice"
-    assert err.message == "`tool_choice` other than 'auto' or 'none' is not supported yet"
-    assert parse(ctx, messages=[USER], tool_choice=choice).request.prompt_tokens
+TOOLS: Any = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+              {"type": "function", "function": {"name": "g"}}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "name", "required", "parallel"),
+    [({"tool_choice": "required"}, None, True, True),
+     ({"tool_choice": "required", "parallel_tool_calls": False}, None, True, False),
+     ({"tool_choice": {"type": "function", "function": {"name": "g"}}}, "g", False, False)],
+)
+def test_parse_forced_tool_choice_is_a_tool_call_grammar(ctx: ProtocolContext, fields: Any,
+                                                         name: str | None, required: bool,
+                                                         parallel: bool) -> None:
+    request = parse(ctx, messages=[USER], tools=TOOLS, **fields).request
+    assert request.forced_tool_calls and request.tools is not None
+    assert request.grammar == structured.forced_calls(request.tools, name, required, parallel)
+    assert tuple(ctx.tokenizer.chat_calls[-1].tools) == request.tools  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "h"}}},
+      "`tool_choice` names the function 'h', which is not among the tools offered ('f', 'g')"),
+     ({"tool_choice": "required"}, "`tool_choice` forces a tool call but no tools are offered"),
+     ({"tools": TOOLS, "tool_choice": "sometimes"}, None)],
+)
+def test_parse_rejects_a_forced_tool_choice_it_cannot_meet(ctx: ProtocolContext, fields: Any,
+                                                           message: str | None) -> None:
+    err = parse_error(ctx, messages=[USER], **fields)
+    assert err.param == "tool_choice" and (message is None or err.message == message)
+
+
+def test_parse_rejects_forced_call_with_response_format(ctx: ProtocolContext) -> None:
+    err = parse_error(ctx, messages=[USER], tools=TOOLS, tool_choice="required",
+                      response_format={"type": "json_object"})
+    assert err.param == "response_format" and "cannot be combined" in err.message
 
 
 @pytest.mark.parametrize("field", ["functions", "function_call", "audio"])

@@ -22,7 +22,7 @@ from engine.errors import (
     Unauthorized,
 )
 from engine.types import SamplingParams
-from protocols import openai_chat, openai_common, openai_completions
+from protocols import openai_chat, openai_common, openai_completions, structured
 from server.types import Job, ProtocolContext, WireFormat
 
 Body = dict[str, Any]
@@ -164,6 +164,8 @@ def test_parse_rejects_non_object_body(wire: WireFormat, _base: Body, raw: bytes
         ("n", 0, "n"),
         ("n", 17, "n"),
         ("response_format", {"schema": {}}, "response_format.type"),
+        ("response_format", {"type": "xml"}, "response_format.type"),
+        ("guided_choice", "red", "guided_choice"),
     ],
 )
 def test_parse_rejects_invalid_fields(fmt: Callable[..., Job], field: str, value: Any,
@@ -173,13 +175,66 @@ def test_parse_rejects_invalid_fields(fmt: Callable[..., Job], field: str, value
     assert f"`$.{param}`" in err.message or "missing required field" in err.message
 
 
+# --- structured output ---------------------------------------------------------------------------
+
+SCHEMA: Body = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("fields", "grammar"),
+    [
+        ({"response_format": {"type": "json_object"}}, structured.json_schema(None, "p")),
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "thing", "schema": SCHEMA, "strict": True}}}, structured.json_schema(SCHEMA, "p")),
+        ({"guided_json": SCHEMA}, structured.json_schema(SCHEMA, "p")),
+        ({"guided_json": orjson.dumps(SCHEMA).decode()}, structured.json_schema(SCHEMA, "p")),
+        ({"guided_regex": "[a-z]+"}, structured.regex("[a-z]+", "p")),
+        ({"guided_choice": ["yes", "no"]}, structured.choice(["yes", "no"], "p")),
+        ({"guided_grammar": 'start: "x"'}, structured.grammar('start: "x"', "p")),
+        ({"structured_outputs": {"json": SCHEMA}}, structured.json_schema(SCHEMA, "p")),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, structured.regex("[a-z]+", "p")),
+        ({"structured_outputs": {"choice": ["a"]}}, structured.choice(["a"], "p")),
+        ({"structured_outputs": {"grammar": 'root ::= "x"'}}, structured.grammar('root ::= "x"', "p")),
+        ({"structured_outputs": {"json_object": True}}, structured.json_schema(None, "p")),
+        ({"response_format": {"type": "text"}}, None),
+    ],
+)
+def test_parse_turns_structured_output_fields_into_a_grammar(fmt: Callable[..., Job], fields: Body,
+                                                             grammar: str | None) -> None:
+    request = fmt(**fields).request
+    assert request.grammar == grammar and not request.forced_tool_calls
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "says"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "foo"}}}}, "response_format.json_schema.schema",
+         "invalid JSON schema: Invalid type: foo"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema",
+         "needs `json_schema`"),
+        ({"guided_json": "{not json"}, "guided_json", "invalid JSON schema: not JSON"),
+        ({"guided_regex": "a[b"}, "guided_regex", "unclosed character class"),
+        ({"guided_choice": []}, "guided_choice", "a choice needs a non-empty list of strings"),
+        ({"guided_grammar": "start: nothing_here"}, "guided_grammar", 'unknown name: "nothing_here"'),
+        ({"structured_outputs": {"regex": "(x"}}, "structured_outputs.regex", "invalid regex"),
+        ({"guided_regex": "x", "guided_choice": ["x"]}, "guided_choice",
+         "`guided_regex` and `guided_choice` both constrain the answer; give one"),
+        ({"response_format": {"type": "json_object"}, "structured_outputs": {"json": {}}},
+         "structured_outputs.json", "both constrain the answer"),
+        ({"structured_outputs": {"structural_tag": {"structures": []}}},
+         "structured_outputs.structural_tag", "is not supported yet"),
+    ],
+)
+def test_parse_rejects_a_grammar_that_does_not_compile(fmt: Callable[..., Job], fields: Body,
+                                                       param: str, says: str) -> None:
+    err = parse_error(fmt, **fields)
+    assert err.param == param and says in err.message
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("response_format", {"type": "json_object"},
-         "`response_format` of type 'json_object' is not supported yet"),
-        ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}},
-         "`response_format` of type 'json_schema' is not supported yet"),
         ("xtc_probability", 0.5, "`xtc_probability` > 0 is not supported yet"),
         ("adapters", "path/to/adapter", "`adapters` is not supported yet"),
         ("draft_model", "some/draft", "`draft_model` is not supported yet"),

@@ -25,7 +25,7 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols import openai_responses
+from protocols import openai_responses, structured
 from protocols.openai_responses import OpenAIResponses, ResponsesJob, ResponsesStore
 from server.types import ProtocolContext, Result
 from tests.protocols.scripted import (
@@ -182,6 +182,38 @@ def test_parse_passes_function_tools(fmt: OpenAIResponses, ctx: ProtocolContext)
     assert rendered(ctx).tools is None
 
 
+SCHEMA: Any = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("text_format", "grammar"),
+    [({"type": "json_schema", "name": "thing", "schema": SCHEMA, "strict": True},
+      structured.json_schema(SCHEMA, "p")),
+     ({"type": "json_object"}, structured.json_schema(None, "p")),
+     ({"type": "text"}, None)],
+)
+def test_parse_text_format_is_the_answers_grammar(fmt: OpenAIResponses, ctx: ProtocolContext,
+                                                  text_format: Any, grammar: str | None) -> None:
+    job = parse(fmt, ctx, input="hi", text={"format": text_format})
+    assert job.request.grammar == grammar and not job.request.forced_tool_calls
+    assert job.echo["text"]["format"] == text_format
+
+
+@pytest.mark.parametrize(
+    ("fields", "name", "required", "parallel"),
+    [({"tool_choice": "required"}, None, True, True),
+     ({"tool_choice": "required", "parallel_tool_calls": False}, None, True, False),
+     ({"tool_choice": {"type": "function", "name": "now"}}, "now", False, False)],
+)
+def test_parse_forced_tool_choice_is_a_tool_call_grammar(fmt: OpenAIResponses, ctx: ProtocolContext,
+                                                         fields: Any, name: str | None,
+                                                         required: bool, parallel: bool) -> None:
+    job = parse(fmt, ctx, input="hi", tools=[WEATHER, {"type": "function", "name": "now"}], **fields)
+    assert job.request.forced_tool_calls and job.request.tools is not None
+    assert job.request.grammar == structured.forced_calls(job.request.tools, name, required, parallel)
+    assert job.echo["tool_choice"] == fields["tool_choice"]
+
+
 @pytest.mark.parametrize(
     ("reasoning", "enable"),
     [(None, False), ({"effort": "high"}, True), ({"effort": "minimal"}, True),
@@ -231,14 +263,14 @@ def test_parse_refuses_media_input(fmt: OpenAIResponses, ctx: ProtocolContext,
 @pytest.mark.parametrize(
     ("fields", "param", "message"),
     [
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format",
-         "structured output (`text.format` of type 'json_schema') is not supported yet"),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format",
-         "structured output (`text.format` of type 'json_object') is not supported yet"),
-        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice",
-         "`tool_choice` other than 'auto' or 'none' is not supported yet"),
-        ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}},
-         "tool_choice", "`tool_choice` other than 'auto' or 'none' is not supported yet"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}},
+         "text.format.schema", "invalid JSON schema: Invalid type: foo"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "now"}}, "tool_choice",
+         "`tool_choice` names the function 'now', which is not among the tools offered "
+         "('get_weather')"),
+        ({"tools": [WEATHER], "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
+         "text.format", ("a `tool_choice` that forces a tool call cannot be combined with a "
+                         "structured output format")),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type",
          "tool type 'web_search' is not supported: only function tools"),
         ({"tools": [{"type": "function"}]}, "tools[0].name", "a function tool needs a `name`"),
@@ -615,8 +647,9 @@ def test_sdk_retrieve_delete_and_404(client: openai.OpenAI) -> None:
 def test_sdk_bad_request_error(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model="m", input="hi", text={"format": {
-            "type": "json_schema", "name": "x", "schema": {"type": "object"}}})
-    assert info.value.param == "text.format" and info.value.type == "invalid_request_error"
+            "type": "json_schema", "name": "x", "schema": {"type": "foo"}}})
+    assert info.value.param == "text.format.schema" and info.value.type == "invalid_request_error"
+    assert "Invalid type: foo" in info.value.message
 
 
 def test_sdk_stream_failure_surfaces(client: openai.OpenAI, server: ScriptedServer) -> None:

@@ -71,7 +71,8 @@ class ScriptedRunner:
     steps_taken: list[int] = field(default_factory=list)
     max_rows_seen: int = 0
 
-    def admit(self, request: Request, cache: Any = None, num_cached: int = 0) -> None:
+    def admit(self, request: Request, cache: Any = None, num_cached: int = 0,
+              constraint: Any = None) -> None:
         self.rows[request.id] = -1
 
     def step(self, plan: StepPlan) -> StepOutput:

@@ -1,0 +1,119 @@
+"""Structured output and forced tool calls as llguidance grammars, shared by every format.
+
+Each format maps its own fields (response_format, text.format, output_config.format, vLLM's
+structured_outputs and guided_*, tool_choice) onto these builders. Every grammar is compiled
+and checked here, so one that does not compile is a 400 carrying llguidance's message before
+anything is generated; what reaches the engine is the grammar's text.
+
+JSON comes out on one line in `json.dumps` style (`{"a": 1, "b": [2, 3]}`): bounded
+whitespace keeps a small model from padding forever. A schema's own `x-guidance` options win.
+A forced tool call is written in hermes markup whatever the model family,
+`<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>`, each tool's parameters a schema
+of its own (so its `$ref`s keep their root); the engine parses it with the same markers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from llguidance import LLMatcher, grammar_from
+
+from engine.errors import InvalidRequest
+from engine.tool_formats import HERMES
+
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def checked(grammar: str, param: str, what: str) -> str:
+    """The grammar itself, once llguidance has compiled it; its complaint is a 400."""
+    error = LLMatcher.validate_grammar(grammar)
+    if error:
+        raise InvalidRequest(f"invalid {what}: {error.strip()}", param=param)
+    return grammar
+
+
+def json_schema(schema: Any, param: str) -> str:
+    """One JSON value valid against `schema`: a dict, or its JSON text (vLLM's guided_json);
+    None is any JSON object."""
+    if schema is None:
+        schema = ANY_OBJECT
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"invalid JSON schema: not JSON: {exc}", param=param) from exc
+    if not isinstance(schema, dict | bool):
+        raise InvalidRequest("a JSON schema must be an object", param=param)
+    return checked(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE), param,
+                   "JSON schema")
+
+
+def regex(pattern: str, param: str) -> str:
+    return checked(LLMatcher.grammar_from_regex(pattern), param, "regex")
+
+
+def choice(options: Sequence[str], param: str) -> str:
+    """Exactly one of `options`, verbatim."""
+    if not options or not all(isinstance(o, str) for o in options):
+        raise InvalidRequest("a choice needs a non-empty list of strings", param=param)
+    return checked(LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, options))),
+                   param, "choice")
+
+
+def grammar(text: str, param: str) -> str:
+    """A Lark grammar (llguidance's dialect) or a GBNF one, as vLLM's guided_grammar takes."""
+    try:
+        compiled = grammar_from("grammar", text)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid grammar: {exc}", param=param) from exc
+    return checked(compiled, param, "grammar")
+
+
+def forced_calls(tools: Sequence[dict[str, Any]] | None, name: str | None, required: bool,
+                 parallel: bool) -> str | None:
+    """The grammar of a tool_choice that forces calls, or None when it does not: only calls to
+    the function `name` (exactly one), or to any of `tools` when `required` (with `parallel`,
+    one or more). `tools` are OpenAI-shaped: {"function": {"name", "parameters"}}."""
+    if name is None and not required:
+        return None
+    tools = tools or []
+    functions = [t["function"] for t in tools]
+    if name is not None:
+        functions = [f for f in functions if f["name"] == name]
+        if not functions:
+            offered = ", ".join(repr(t["function"]["name"]) for t in tools)
+            raise InvalidRequest(f"`tool_choice` names the function {name!r}, which is not "
+                                 f"among the tools offered ({offered or 'none'})",
+                                 param="tool_choice")
+    if not functions:
+        raise InvalidRequest("`tool_choice` forces a tool call but no tools are offered",
+                             param="tool_choice")
+    rules = [_call_rule(i, f) for i, f in enumerate(functions)]
+    # Calls follow one another directly: anything between them would reach the client as text.
+    repeat = "+" if parallel and name is None else ""
+    lark = "\n".join([
+        f"start: call{repeat}",
+        f"call: {json.dumps(HERMES.start + chr(10))} body {json.dumps(chr(10) + HERMES.end)}",
+        "body: " + " | ".join(f"call_{i}" for i in range(len(rules))),
+        *rules,
+    ])
+    return checked(LLMatcher.grammar_from_lark(lark), "tools", "tool parameters schema")
+
+
+def pick(calls: str | None, output: str | None, param: str) -> tuple[str | None, bool]:
+    """The one grammar a request follows, and whether it is one that forces tool calls."""
+    if calls is not None and output is not None:
+        raise InvalidRequest("a `tool_choice` that forces a tool call cannot be combined with a "
+                             "structured output format", param=param)
+    return (calls, True) if calls is not None else (output, False)
+
+
+def _call_rule(i: int, function: dict[str, Any]) -> str:
+    head = '{"name": ' + json.dumps(function["name"], ensure_ascii=False) + ', "arguments": '
+    parameters = function.get("parameters") or NO_PARAMETERS
+    schema = {**parameters, "x-guidance": {**JSON_STYLE, **parameters.get("x-guidance", {})}}
+    return f"call_{i}: {json.dumps(head)} %json {json.dumps(schema)} \"}}\""
