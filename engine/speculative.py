@@ -49,20 +49,32 @@ def can_speculate(model: Any) -> bool:
 
 
 def cut_rows(caches: list[Any], cut: list[int]) -> None:
-    """Drop the last cut[i] positions of row i from every layer's batch cache."""
+    """Drop the last cut[i] positions of row i from every layer's batch cache.
+
+    What every row drops is trimmed; the rest is rolled into the row's left padding, and the
+    padding all rows share is then sliced off, so the cache stays as long as its longest row.
+    """
     low, high = min(cut), max(cut)
     if high == 0:
         return
     shift = mx.array([c - low for c in cut]) if high > low else None
+    common = 0
     for c in caches:
         if low:
             c.trim(low)
-        if shift is not None:
-            keys, values = c.keys[..., :c._idx, :], c.values[..., :c._idx, :]
-            c.keys = dynamic_roll(keys, shift[:, None], axis=2)
-            c.values = dynamic_roll(values, shift[:, None], axis=2)
-            c.offset = c.offset - shift
-            c.left_padding = c.left_padding + shift
+        if shift is None:
+            continue
+        keys, values = c.keys[..., :c._idx, :], c.values[..., :c._idx, :]
+        c.keys = dynamic_roll(keys, shift[:, None], axis=2)
+        c.values = dynamic_roll(values, shift[:, None], axis=2)
+        c.offset = c.offset - shift
+        c.left_padding = c.left_padding + shift
+        if c is caches[0]:
+            common = min(c.left_padding.tolist())
+        if common:
+            c.keys, c.values = c.keys[..., common:, :], c.values[..., common:, :]
+            c._idx -= common
+            c.left_padding = c.left_padding - common
 
 
 class DraftRows:

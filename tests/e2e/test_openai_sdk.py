@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,30 +20,6 @@ STORY = [{"role": "user", "content": "Write a very long story about a dragon who
 @pytest.fixture(scope="module")
 def client(smollm_server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=smollm_server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def oracle(smollm_path: Path) -> Any:
-    """mlx-lm's own greedy generation on the same folder: the reference text and token count."""
-    from mlx_lm import load, stream_generate
-
-    from engine.loader import maybe_dequantize
-
-    model, tokenizer = load(str(smollm_path))
-    model = maybe_dequantize(model)  # the weights the server runs (float32 on a CPU)
-
-    def reference(messages: list[dict[str, str]] | None = None, prompt: str | None = None,
-                  max_tokens: int = 40) -> tuple[str, int]:
-        if messages is not None:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        else:
-            ids = tokenizer.encode(prompt)
-        text, n = "", 0
-        for resp in stream_generate(model, tokenizer, ids, max_tokens=max_tokens):
-            text, n = text + resp.text, resp.generation_tokens
-        return text, n
-
-    return reference
 
 
 def test_chat_answers_the_question(client: openai.OpenAI) -> None:

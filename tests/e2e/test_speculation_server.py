@@ -38,14 +38,8 @@ def client(server: ServerProcess) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def expected(smollm_path: Path) -> str:
-    from mlx_lm import load, stream_generate
-
-    from engine.loader import maybe_dequantize
-
-    model, tokenizer = load(str(smollm_path))
-    ids = tokenizer.apply_chat_template(COPY, add_generation_prompt=True)
-    return "".join(r.text for r in stream_generate(maybe_dequantize(model), tokenizer, ids, max_tokens=40))
+def expected(oracle: Any) -> str:
+    return str(oracle(COPY, max_tokens=40)[0])
 
 
 def speculation(usage: Any) -> dict[str, Any]:

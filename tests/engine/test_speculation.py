@@ -88,6 +88,7 @@ def test_cut_rows_drops_each_rows_own_tail_and_keeps_positions() -> None:
     keys, _ = cache.keys_and_values()
     pad = cache.left_padding.tolist()
     assert cache.offset.tolist() == [3, 3]
+    assert cache._idx == 3  # the padding both rows now share is gone: as long as the longest row
     assert mx.array_equal(keys[0, :, pad[0]:], rows[0][0, :, :3])
     assert mx.array_equal(keys[1, :, pad[1]:], rows[1][0])
 
