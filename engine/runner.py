@@ -56,6 +56,7 @@ class Speculation:
     kind: str | None = None  # "ngram", "draft" (a draft model) or None (only per-request predictions)
     num_draft_tokens: int = 3
     draft_model: Any = None
+    gated: bool = True  # speculate only where it measures faster (off: whenever a row has drafts)
 
 
 class BatchRunner:
@@ -134,7 +135,7 @@ class BatchRunner:
             rows = len(self._gen)
             if rows == 0:
                 return StepOutput({})
-            drafts = self._drafts() if self._spec and self._gate.choose(rows) else None
+            drafts = self._drafts() if self._spec and self._gate_open(rows) else None
             if drafts is None:
                 responses = self._gen.next()
                 out = StepOutput({self._seq_of[r.uid]: r.token for r in responses},
@@ -143,6 +144,9 @@ class BatchRunner:
                 out = self._speculate(*drafts)
             self._measure(rows, drafts is not None, out, clean=not plan.prefill)
             return out
+
+    def _gate_open(self, rows: int) -> bool:
+        return self._gate.choose(rows) if self.speculation.gated else True
 
     def _measure(self, rows: int, speculated: bool, out: StepOutput, clean: bool) -> None:
         """Tokens per second of this step, for the gate. Only a step that follows one of its own

@@ -77,6 +77,9 @@ def cut_rows(caches: list[Any], cut: list[int]) -> None:
             c.left_padding = c.left_padding - common
 
 
+CATCH_UP = 16  # the widest piece a lagging draft cache catches up by in one forward
+
+
 class DraftRows:
     """The draft model's KV for every row of the batch, in the batch's row order."""
 
@@ -114,7 +117,14 @@ class DraftRows:
     def draft(self, histories: list[list[int]], pending: mx.array, k: int) -> mx.array:
         """k greedy draft tokens per row (B, k), lazily, after each row's history + pending."""
         missing = [h[s:] for h, s in zip(histories, self.seen)]
-        # Widths rounded up to a power of two: a lag of any length reuses a few compiled shapes.
+        # Catch up in pieces of at most CATCH_UP tokens, every width a power of two: a lag of any
+        # length then reuses a few compiled shapes (a new shape costs a kernel compile on a GPU).
+        while max(len(m) for m in missing) >= CATCH_UP:
+            piece = [m[:CATCH_UP] for m in missing]
+            rows = mx.array([p + [0] * (CATCH_UP - len(p)) for p in piece], dtype=mx.uint32)
+            self.model(rows, cache=self.caches)
+            cut_rows(self.caches, [CATCH_UP - len(p) for p in piece])
+            missing = [m[CATCH_UP:] for m in missing]
         width = 1 << max(len(m) for m in missing).bit_length()
         rows = mx.array([m + [0] * (width - len(m)) for m in missing], dtype=mx.uint32)
         last = mx.array([len(m) for m in missing])

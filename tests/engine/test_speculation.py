@@ -1,5 +1,8 @@
 """Speculative decoding inside the batch: drafters, per-row KV cuts, and the greedy oracle.
 
+The runs here turn the timing-based gate off (`gated=False`) so every drafting row speculates
+every step, deterministically; the gate itself is tested on its own.
+
 Tier 3 parts run SmolLM2 in float32 (as the server runs it on a CPU): greedy output with
 speculation — n-gram, a prediction, a draft model that always agrees (the model itself) and one
 that never does (a random tiny model with the same tokenizer) — must equal mlx-lm's plain
@@ -146,9 +149,9 @@ def test_speculative_greedy_in_a_batch_with_joins_and_leaves_equals_plain_greedy
     model, tokenizer = smollm
     reqs, ref = requests_and_reference
     if draft == "ngram":
-        spec = Speculation("ngram", 3)
+        spec = Speculation("ngram", 3, gated=False)
     else:  # the model itself always agrees; a random model with the same tokenizer never does
-        spec = Speculation("draft", 3, model if draft == "self" else load(str(tiny_path))[0])
+        spec = Speculation("draft", 3, model if draft == "self" else load(str(tiny_path))[0], gated=False)
     got, seen = run_batch(model, tokenizer, reqs, spec)
     for r in reqs:
         assert got[r.id] == ref[r.id], r.id
@@ -172,7 +175,7 @@ def test_a_prediction_speeds_a_request_and_a_wrong_one_changes_nothing(
     asked = [Request("r0", reqs[0].prompt_tokens, SamplingParams(), reqs[0].max_tokens, prediction=right),
              Request("r1", reqs[1].prompt_tokens, SamplingParams(), reqs[1].max_tokens, prediction=wrong),
              reqs[2], reqs[3]]
-    got, seen = run_batch(model, tokenizer, asked, Speculation(None, 4))
+    got, seen = run_batch(model, tokenizer, asked, Speculation(None, 4, gated=False))
     for r in asked:
         assert got[r.id] == ref[r.id], r.id
     assert seen["r0"][1] >= len(right) - 4  # nearly every predicted token was accepted
@@ -185,7 +188,7 @@ def test_num_draft_tokens_zero_turns_a_rows_speculation_off(
     model, tokenizer = smollm
     reqs, ref = requests_and_reference
     off = Request("r0", reqs[0].prompt_tokens, SamplingParams(), reqs[0].max_tokens, num_draft_tokens=0)
-    got, seen = run_batch(model, tokenizer, [off, reqs[2]], Speculation("ngram", 3), arrivals=(0, 0))
+    got, seen = run_batch(model, tokenizer, [off, reqs[2]], Speculation("ngram", 3, gated=False), arrivals=(0, 0))
     assert got["r0"] == ref["r0"] and got["r2"] == ref["r2"]
     assert "r0" not in seen and seen["r2"][0] > 0
 
@@ -197,7 +200,7 @@ def test_seeded_sampling_is_the_same_text_with_or_without_speculation(smollm: tu
     prompt = prompt_ids(tokenizer, COPY_PROMPTS[2])
     seeded = [Request(f"s{i}", prompt, SamplingParams(temperature=0.7, top_p=0.95, seed=i), 24) for i in range(3)]
     plain, _ = run_batch(model, tokenizer, seeded, Speculation(None), arrivals=(0, 0, 2))
-    spec, seen = run_batch(model, tokenizer, seeded, Speculation("ngram", 3), arrivals=(0, 0, 2))
+    spec, seen = run_batch(model, tokenizer, seeded, Speculation("ngram", 3, gated=False), arrivals=(0, 0, 2))
     assert plain == spec
     assert sum(a for _, a in seen.values()) > 0
 
@@ -216,3 +219,23 @@ def test_the_gate_picks_the_faster_kind_of_step_and_keeps_probing_the_other() ->
     gate.record(4, True, tokens=1000, seconds=1.0)  # acceptance went up: speculation now wins
     assert [gate.choose(4) for _ in range(10)] == [True] * 10
     assert gate.choose(16) is True  # another batch size learns on its own
+
+
+def test_a_lagging_draft_cache_catches_up_and_drafts_what_the_draft_model_would(tiny_path: Path) -> None:
+    """Rows whose draft cache fell behind by different amounts (plain steps do not feed the
+    draft) catch up in pieces and draft exactly the draft model's own greedy continuation."""
+    from mlx_lm.generate import generate_step
+
+    from engine.speculative import DraftRows
+
+    draft = load(str(tiny_path))[0]
+    prompts = [list(range(100, 130)), list(range(200, 212))]
+    rows = DraftRows(draft, prefill_step_size=64)
+    rows.prefill(prompts)
+    histories = [prompts[0] + list(range(300, 341)), prompts[1] + [7, 8, 9]]  # lags of 41 and 3
+    pending = mx.array([55, 66])
+    got = rows.draft(histories, pending, 3).tolist()
+    for h, y, out in zip(histories, (55, 66), got):
+        want = [t for t, _ in generate_step(mx.array(h + [y]), draft, max_tokens=3)]
+        assert out == want
+    assert rows.seen == [len(h) + 1 for h in histories]
