@@ -172,11 +172,13 @@ class SpeculationGate:
     def choose(self, rows: int) -> bool:
         rows = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ... share what they learn
         spec, plain = self._rate.get((rows, True)), self._rate.get((rows, False))
-        if spec is None:
+        if spec is None and not self._lost_below(rows):
             return True
         if plain is None:
             return False
-        best = spec >= plain
+        # Verifying grows with the batch, so where speculation lost at a smaller batch it starts
+        # out as the loser here too (and is probed like one).
+        best = spec is not None and spec >= plain
         state = self._probe.setdefault(rows, [0, self.probe_every, best])
         if best != state[2]:  # the winner changed: probe often again
             state[0], state[1], state[2] = 0, self.probe_every, best
@@ -186,6 +188,10 @@ class SpeculationGate:
         if state[0] >= state[1] + self.probe_len:  # probe over; the same winner probes less often
             state[0], state[1] = 0, min(2 * state[1], self.max_interval)
         return not best
+
+    def _lost_below(self, bucket: int) -> bool:
+        return any(self._rate.get((b, True), 0.0) < self._rate.get((b, False), 0.0)
+                   for b in range(1, bucket) if (b, True) in self._rate and (b, False) in self._rate)
 
     def record(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
         if seconds <= 0:

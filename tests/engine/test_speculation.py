@@ -218,7 +218,13 @@ def test_the_gate_picks_the_faster_kind_of_step_and_keeps_probing_the_other() ->
     assert [i for i, p in enumerate(picks) if p] == [10, 11, 32, 33]
     gate.record(4, True, tokens=1000, seconds=1.0)  # acceptance went up: speculation now wins
     assert [gate.choose(4) for _ in range(10)] == [True] * 10
-    assert gate.choose(16) is True  # another batch size learns on its own
+    assert gate.choose(16) is True  # a larger batch where nothing smaller lost: it explores
+    slow = SpeculationGate(probe_every=10, probe_len=2)
+    slow.record(2, True, tokens=10, seconds=1.0)
+    slow.record(2, False, tokens=20, seconds=1.0)  # speculation lost at 2-3 rows
+    assert slow.choose(8) is False  # so at 8 rows plain goes first,
+    slow.record(8, False, tokens=80, seconds=1.0)
+    assert [slow.choose(8) for _ in range(12)].count(True) == 2  # and speculation is only probed
 
 
 def test_a_lagging_draft_cache_catches_up_and_drafts_what_the_draft_model_would(tiny_path: Path) -> None:
