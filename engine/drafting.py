@@ -49,11 +49,19 @@ class NgramIndex:
                 return at
         return None
 
-    def lookup(self, seq: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of seq's tail."""
-        self.index(seq, len(seq) - 1)  # the tail itself ends at len(seq): never found
-        at = self.find(seq)
-        return seq[at:at + k] if at is not None else []
+    def lookup(self, seq: list[int], k: int, pending: int | None = None) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the tail of seq (with
+        `pending` after it, when given) — without copying seq, which grows every step."""
+        if pending is None:
+            self.index(seq, len(seq) - 1)  # the tail itself ends at len(seq): never found
+            at = self.find(seq)
+            return seq[at:at + k] if at is not None else []
+        self.index(seq, len(seq))
+        at = self.find(_tail(seq, pending))
+        if at is None:
+            return []
+        found = seq[at:at + k]
+        return found + [pending] if len(found) < k else found
 
 
 class PromptLookup:
@@ -64,7 +72,7 @@ class PromptLookup:
 
     def draft(self, history: list[int], pending: int | None, k: int) -> Draft:
         if pending is not None:
-            return Draft(None, self._index.lookup([*history, pending], k))
+            return Draft(None, self._index.lookup(history, k, pending))
         return _guessed(self._index.lookup(history, k + 1))
 
 
@@ -81,25 +89,31 @@ class PredictionLookup:
         self._cursor: tuple[int, int] | None = None  # (position in prediction, output length then)
 
     def draft(self, history: list[int], pending: int | None, k: int) -> Draft:
-        out = history[self._prompt_len:]
-        if pending is not None:
-            out = [*out, pending]
+        # Only the output's length and its last few tokens matter: no copy of the history.
+        out_len = len(history) - self._prompt_len + (pending is not None)
+        tail = _tail(history[max(self._prompt_len, len(history) - MAX_NGRAM):], pending)
         want = k if pending is not None else k + 1
-        at = self._locate(out)
+        at = self._locate(tail, out_len)
         found = self._pred[at:at + want] if at is not None else []
         if at is not None:
-            self._cursor = (at, len(out))
+            self._cursor = (at, out_len)
         return Draft(None, found) if pending is not None else _guessed(found)
 
-    def _locate(self, out: list[int]) -> int | None:
-        if not out:
+    def _locate(self, tail: list[int], out_len: int) -> int | None:
+        if not out_len:
             return 0
         if self._cursor is not None:
-            at = self._cursor[0] + len(out) - self._cursor[1]
-            n = min(MAX_NGRAM, len(out), at)
-            if 0 < at <= len(self._pred) and self._pred[at - n:at] == out[len(out) - n:]:
+            at = self._cursor[0] + out_len - self._cursor[1]
+            n = min(MAX_NGRAM, out_len, at)
+            if 0 < at <= len(self._pred) and self._pred[at - n:at] == tail[len(tail) - n:]:
                 return at
-        return self._index.find(out)
+        return self._index.find(tail)
+
+
+def _tail(seq: list[int], pending: int | None) -> list[int]:
+    """The last MAX_NGRAM tokens of seq followed by pending (when there is one)."""
+    last = seq[len(seq) - MAX_NGRAM:] if len(seq) > MAX_NGRAM else list(seq)
+    return (last + [pending])[-MAX_NGRAM:] if pending is not None else last
 
 
 def _guessed(found: list[int]) -> Draft:
@@ -120,8 +134,6 @@ class RowSpeculation:
     k: int
     prediction: bool = False
     min_acceptance: float = 0.25
-    drafted: int = 0
-    accepted: int = 0
     _window_drafted: int = 0
     _window_accepted: int = 0
     _pause: int = 0
@@ -135,8 +147,6 @@ class RowSpeculation:
         return self.k > 0
 
     def record(self, drafted: int, accepted: int) -> None:
-        self.drafted += drafted
-        self.accepted += accepted
         self._window_drafted += drafted
         self._window_accepted += accepted
         if self._window_drafted < 4 * max(self.k, 1):

@@ -24,7 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
-from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll, make_prompt_cache
+from mlx_lm.models.cache import KVCache, dynamic_roll, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from engine.drafting import Draft
@@ -163,7 +163,7 @@ class SpecBatch(GenerationBatch):
             self.draft_rows.filter(keep)
 
     def pending(self, row: int) -> int | None:
-        return getattr(self, "known", {}).get(self.uids[row])
+        return self.known.get(self.uids[row])
 
     def speculate(self, drafts: list[Draft | None], draft_k: list[int] | None = None) -> list[RowResult]:
         """One verify step for the whole batch. `drafts[i]` is row i's lookup draft (or None);
@@ -267,4 +267,4 @@ def empty_batch(model: Any, draft_rows: DraftRows | None) -> SpecBatch:
     return batch
 
 
-__all__ = ["BatchKVCache", "DraftMismatch", "DraftRows", "RowResult", "SpecBatch", "can_speculate", "cut_rows", "empty_batch"]
+__all__ = ["DraftMismatch", "DraftRows", "RowResult", "SpecBatch", "can_speculate", "cut_rows", "empty_batch"]
