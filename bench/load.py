@@ -8,9 +8,11 @@ completion token count comes from the usage chunk (falling back to counting cont
 from __future__ import annotations
 
 import asyncio
+import multiprocessing as mp
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import orjson
@@ -140,20 +142,64 @@ async def one_request(client: httpx.AsyncClient, url: str, spec: LoadSpec, index
     return record
 
 
-async def run_level(base_url: str, spec: LoadSpec) -> LevelResult:
-    """Run one closed-loop level; wall time runs from the first send to the last completion."""
+async def run_level(base_url: str, spec: LoadSpec, processes: int = 1) -> LevelResult:
+    """Run one closed-loop level; wall time runs from the first send to the last completion.
+
+    With `processes` > 1 the clients are spread over that many client processes (forked), so
+    that reading many fast streams is not limited by one Python event loop: a client that
+    falls behind would charge its own queueing to the server's TTFT.
+    """
+    if processes > 1 and spec.concurrency > 1:
+        return await asyncio.to_thread(_run_level_forked, base_url, spec, min(processes, spec.concurrency))
     url = base_url.rstrip("/") + "/v1/chat/completions"
+    indices = iter(range(spec.first_index, spec.first_index + spec.num_requests))
+    start = time.perf_counter()
+    records = await _clients(url, spec, [indices] * spec.concurrency)
+    return LevelResult(spec.concurrency, time.perf_counter() - start, sorted(records, key=lambda r: r.index))
+
+
+async def _clients(url: str, spec: LoadSpec, queues: list[Iterator[int]]) -> list[RequestRecord]:
+    """One client per entry of `queues`, each sending its queue's requests back to back
+    (entries may share one iterator: then the clients pull from it in turn)."""
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-    limits = httpx.Limits(max_connections=spec.concurrency, max_keepalive_connections=spec.concurrency)
-    next_index = iter(range(spec.first_index, spec.first_index + spec.num_requests))
+    limits = httpx.Limits(max_connections=len(queues), max_keepalive_connections=len(queues))
     records: list[RequestRecord] = []
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
-        for index in next_index:
+    async def client_loop(client: httpx.AsyncClient, queue: Iterator[int]) -> None:
+        for index in queue:
             records.append(await one_request(client, url, spec, index))
 
     async with httpx.AsyncClient(http1=True, http2=False, timeout=timeout, limits=limits) as client:
-        start = time.perf_counter()
-        await asyncio.gather(*(client_loop(client) for _ in range(spec.concurrency)))
-        wall = time.perf_counter() - start
+        await asyncio.gather(*(client_loop(client, q) for q in queues))
+    return records
+
+
+def _run_level_forked(base_url: str, spec: LoadSpec, processes: int) -> LevelResult:
+    """Client c sends requests first+c, first+c+C, ...; process w hosts clients w, w+P, ...
+    All processes start sending at one agreed instant (CLOCK_MONOTONIC is machine-wide)."""
+    url = base_url.rstrip("/") + "/v1/chat/completions"
+    end = spec.first_index + spec.num_requests
+    start_at = time.perf_counter() + 1.0
+    ctx = mp.get_context("fork")  # forked children inherit spec (its prompt_for need not pickle)
+    results = ctx.SimpleQueue()
+    workers = [ctx.Process(target=_client_process, daemon=True, args=(
+        url, spec, [list(range(spec.first_index + c, end, spec.concurrency))
+                    for c in range(w, spec.concurrency, processes)], start_at, results))
+        for w in range(processes)]
+    for proc in workers:
+        proc.start()
+    parts = [results.get() for _ in workers]
+    for proc in workers:
+        proc.join()
+    records = [r for part, _ in parts for r in part]
+    wall = max(done for _, done in parts) - start_at
     return LevelResult(spec.concurrency, wall, sorted(records, key=lambda r: r.index))
+
+
+def _client_process(url: str, spec: LoadSpec, queues: list[list[int]], start_at: float, results: Any) -> None:
+    time.sleep(max(0.0, start_at - time.perf_counter()))
+    records: list[RequestRecord] = []
+    try:
+        records = asyncio.run(_clients(url, spec, [iter(q) for q in queues]))
+    finally:  # always answer, or the parent waits forever
+        results.put((records, time.perf_counter()))

@@ -44,6 +44,11 @@ class LoadPlan:
     warmup_tokens: int
     model_field: str
     startup_timeout_s: float
+    client_processes: int = 1  # the most processes a level's clients are spread over
+
+    def processes_for(self, concurrency: int) -> int:
+        """One client process per 8 clients, up to client_processes."""
+        return max(1, min(self.client_processes, -(-concurrency // 8)))
 
     def num_requests(self, concurrency: int) -> int:
         return max(concurrency, self.requests_per_level or max(4, 2 * concurrency))
@@ -78,11 +83,13 @@ async def drive_levels(
     """Warm up each level's shape (C concurrent short requests), then measure it."""
     for number, concurrency in enumerate(plan.levels, start=1):
         if plan.warmup:
-            warm = await run_level(server.base_url, level_spec(plan, book, number, concurrency, True))
+            warm = await run_level(server.base_url, level_spec(plan, book, number, concurrency, True),
+                                   plan.processes_for(concurrency))
             failed = sum(not r.ok for r in warm.records)
             if failed:
                 print(f"  {outcome.name} C={concurrency}: {failed} warm-up request(s) failed", flush=True)
-        level = await run_level(server.base_url, level_spec(plan, book, number, concurrency, False))
+        level = await run_level(server.base_url, level_spec(plan, book, number, concurrency, False),
+                                plan.processes_for(concurrency))
         outcome.levels.append(level)
         failed = sum(not r.ok for r in level.records)
         print(

@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--request-model", default="default_model", help="the request's 'model' field")
     p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--client-processes", type=int, default=None,
+                   help="spread the clients of a level over this many processes (default: one per 8 "
+                        "clients, at most a quarter of the CPUs; 1 on small machines)")
     p.add_argument("--log-dir", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
@@ -213,6 +216,12 @@ def write_json(
     print(f"\nwrote {path}")
 
 
+def default_client_processes() -> int:
+    """Up to a quarter of the CPUs for the load clients, none extra on a small machine (there
+    the servers need every core, and a few streams are all one client process reads anyway)."""
+    return max(1, (os.cpu_count() or 1) // 4)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     model_dir = resolve_model(args.model)
@@ -227,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         args.warmup_tokens,
         args.request_model,
         args.startup_timeout,
+        args.client_processes if args.client_processes is not None else default_client_processes(),
     )
     book = PromptBook(args.prompt_tokens, load_tokenizer(model_dir), args.same_prompt)
     ours_env, direct_env = environments(args)

@@ -66,7 +66,7 @@ class Clock:
             return None if t is None else round(t - self.accepted, 6)
 
         return EngineTimings(since(self.admitted) or 0.0, tuple(self.chunks),
-                             since(self.first_token), round(now - self.accepted, 6))
+                             since(self.first_token), round(now - self.accepted, 6), self.accepted)
 
 
 @dataclass(slots=True)

@@ -126,6 +126,9 @@ class EngineTimings:
     prefill_chunks: tuple[tuple[int, float], ...]  # (prompt tokens, seconds of that step)
     first_token_s: float | None
     finished_s: float
+    # When the engine took the request in, on the machine-wide monotonic clock (time.perf_counter
+    # in any process), so the hop from the server to an engine process can be told apart.
+    arrived_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

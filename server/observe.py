@@ -216,7 +216,7 @@ def trace_line(record: RequestRecord, done: RequestDone) -> dict[str, Any]:
         "cached_tokens": done.cached_tokens,
         "completion_tokens": sum(c.completion_tokens for c in done.choices),
         "choices": len(done.choices),
-        "engine_s": [_engine_phases(c.engine) for _, c in sorted(record.choices.items())],
+        "engine_s": [_engine_phases(c.engine, record.arrived) for _, c in sorted(record.choices.items())],
         "inter_token_s": {
             "n": len(gaps),
             "mean": round(sum(gaps) / len(gaps), 6) if gaps else None,
@@ -225,12 +225,15 @@ def trace_line(record: RequestRecord, done: RequestDone) -> dict[str, Any]:
     }
 
 
-def _engine_phases(t: EngineTimings | None) -> dict[str, Any] | None:
-    """Admission wait, prefill chunks, first token and finish, from the engine's own clock."""
+def _engine_phases(t: EngineTimings | None, arrived: float) -> dict[str, Any] | None:
+    """Admission wait, prefill chunks, first token and finish, from the engine's own clock
+    (seconds from when the engine took the request in: `engine_in`, seconds after its arrival)."""
     if t is None:
         return None
-    return {"admission_wait": t.admitted_s, "prefill_chunks": [list(c) for c in t.prefill_chunks],
-            "first_token": t.first_token_s, "finished": t.finished_s}
+    engine_in = None if t.arrived_at is None else round(t.arrived_at - arrived, 6)
+    return {"engine_in": engine_in, "admission_wait": t.admitted_s,
+            "prefill_chunks": [list(c) for c in t.prefill_chunks], "first_token": t.first_token_s,
+            "finished": t.finished_s}
 
 
 def outcome_of(done: RequestDone) -> str:

@@ -87,3 +87,51 @@ def test_decode_tps_uses_tokens_after_the_first() -> None:
     record = RequestRecord(index=0, variant=0, start_s=0.0, first_token_s=1.0, last_token_s=3.0)
     record.completion_tokens = 5
     assert record.decode_tps == 2.0
+
+
+def test_a_level_spread_over_client_processes_sends_every_request_once() -> None:
+    """The forked clients (one event loop each) share the level's requests: each index is sent
+    exactly once, C at a time, and every record comes back to the parent."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from bench.load import run_level
+
+    seen: list[str] = []
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the http.server interface
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            with lock:
+                seen.append(body["messages"][0]["content"])
+                in_flight[0] += 1
+                most[0] = max(most[0], in_flight[0])
+            payload = sse(chunk("a"), chunk("b"),
+                          '{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}', "[DONE]")
+            import time
+            time.sleep(0.05)
+            with lock:
+                in_flight[0] -= 1
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        prompt = lambda i: Prompt(variant=i % 3, messages=[{"role": "user", "content": f"q{i}"}], num_tokens=None)  # noqa: E731
+        level = asyncio.run(run_level(f"http://127.0.0.1:{server.server_address[1]}",
+                                      LoadSpec(6, 20, 8, 100, "m", prompt), processes=3))
+    finally:
+        server.shutdown()
+    assert sorted(seen) == sorted(f"q{i}" for i in range(100, 120))
+    assert [r.index for r in level.records] == list(range(100, 120))
+    assert all(r.ok and r.num_tokens == 2 for r in level.records)
+    assert most[0] <= 6 and level.wall_s > 0
