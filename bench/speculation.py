@@ -75,11 +75,13 @@ def prompts(tokenizer: Any, count: int) -> list[tuple[int, ...]]:
     return out
 
 
-def run(model: Any, spec: Speculation, requests: list[Request], clients: int, eos: frozenset[int]) -> Outcome:
-    """Closed loop: `clients` requests in flight until every request has finished."""
+def run(model: Any, spec: Speculation, requests: list[Request], clients: int, eos: frozenset[int],
+        runner: BatchRunner | None = None) -> Outcome:
+    """Closed loop: `clients` requests in flight until every request has finished. A runner
+    passed in keeps what its speculation gate learned before (as a running server's does)."""
     sched = Scheduler(SchedulerConfig(max_running=max(clients, 1), token_budget=2048,
                                       draft_tokens=spec.num_draft_tokens if spec.kind else 0), eos)
-    runner = BatchRunner(model, speculation=spec)
+    runner = runner if runner is not None else BatchRunner(model, speculation=spec)
     todo, out = list(requests), Outcome()
     first: dict[str, float] = {}
     start = time.perf_counter()
@@ -144,7 +146,7 @@ def main() -> None:
     p.add_argument("--clients", default="1,4,16")
     p.add_argument("--agg-gamma", type=int, default=3)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--modes", default="ngram,draft,predict,predict-edited")
+    p.add_argument("--modes", default="ngram,draft,draft-forced,predict,predict-edited")
     p.add_argument("--aggregate-only", action="store_true")
     args = p.parse_args()
     from engine.loader import maybe_dequantize
@@ -157,7 +159,7 @@ def main() -> None:
         args.draft = str(derive_draft(Path(args.model), layers, Path("/tmp/mlx-serve-derived-draft")))
     if args.draft:
         draft = maybe_dequantize(load(args.draft)[0])
-    modes = [m for m in args.modes.split(",") if m != "draft" or draft is not None]
+    modes = [m for m in args.modes.split(",") if not m.startswith("draft") or draft is not None]
     eos = frozenset(tokenizer.eos_token_ids)
     gammas = [int(g) for g in args.gammas.split(",")]
     ids = prompts(tokenizer, 16)
@@ -181,6 +183,8 @@ def main() -> None:
             return Speculation("ngram", gamma)
         if mode == "draft":
             return Speculation("draft", gamma, draft)
+        if mode == "draft-forced":  # the gate off: every step speculates, whatever it costs
+            return Speculation("draft", gamma, draft, gated=False)
         return Speculation(None, gamma)  # predictions draft for themselves
 
     reference = run(model, Speculation(None), requests(len(ids), "plain"), 1, eos)
@@ -207,14 +211,20 @@ def main() -> None:
     print(f"\naggregate (closed loop, {args.tokens} tokens/request, γ={args.agg_gamma}; tok/s and ratio to plain)")
     for clients in [int(c) for c in args.clients.split(",")]:
         n = max(2 * clients, 4)
-        for mode in ["plain", *modes]:  # first use of a shape compiles kernels on a GPU: not timed
-            short = [replace(r, max_tokens=max(args.tokens // 4, 8))
+        # An untimed warm-up per mode, on the runner the timed run then uses: first use of a shape
+        # compiles kernels on a GPU, and the gate starts the timed run with what it learned (a
+        # server under steady load has long since learned it).
+        runners = {}
+        for mode in ["plain", *modes]:
+            runners[mode] = BatchRunner(model, speculation=spec_for(mode, args.agg_gamma))
+            short = [replace(r, max_tokens=max(args.tokens // 2, 8))
                      for r in requests(n, "w", reference.tokens, mode)]
-            run(model, spec_for(mode, args.agg_gamma), short, clients, eos)
-        plain = run(model, Speculation(None), requests(n, "a"), clients, eos)
+            run(model, spec_for(mode, args.agg_gamma), short, clients, eos, runners[mode])
+        plain = run(model, Speculation(None), requests(n, "a"), clients, eos, runners["plain"])
         line = f"  {clients:>3} clients  plain {plain.total / plain.wall_s:8.1f}"
         for mode in modes:
-            o = run(model, spec_for(mode, args.agg_gamma), requests(n, "a", reference.tokens, mode), clients, eos)
+            o = run(model, spec_for(mode, args.agg_gamma), requests(n, "a", reference.tokens, mode), clients, eos,
+                    runners[mode])
             rate = o.total / o.wall_s
             line += f" | {mode} {rate:8.1f} ({rate / (plain.total / plain.wall_s):4.2f}x, acc {o.acceptance:.2f})"
         print(line, flush=True)

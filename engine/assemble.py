@@ -79,13 +79,15 @@ def load_and_build(counters: Counters, spec: ModelSpec, settings: EngineSettings
         mx.random.seed(settings.seed)
     loaded = load_model(spec)
     print(describe(loaded), flush=True)
-    draft = load_draft(loaded, settings.draft_spec) if settings.draft_spec is not None else None
+    draft = (load_draft(loaded, settings.draft_spec, settings.num_draft_tokens)
+             if settings.draft_spec is not None else None)
     core = make_core(loaded, counters, settings, spec.adapter_path, draft)
     return core, {"model_id": loaded.model_id, "memory_plan": core.memory_plan}
 
 
-def load_draft(target: LoadedModel, spec: ModelSpec) -> LoadedModel:
+def load_draft(target: LoadedModel, spec: ModelSpec, k: int = 3) -> LoadedModel:
     """The draft model, refused unless it shares the target's tokenizer and suits batch speculation."""
+    from engine.runner import draft_breakeven
     from engine.speculative import DraftMismatch, can_speculate
 
     draft = load_model(spec)
@@ -96,6 +98,11 @@ def load_draft(target: LoadedModel, spec: ModelSpec) -> LoadedModel:
                                 "inside the batch needs plain KV caches")
     print(f"  draft model: {draft.model_id} (speculating {describe(draft).splitlines()[1].strip()})",
           flush=True)
+    cost, need, loses = draft_breakeven(target.model, draft.model, k)
+    if loses:
+        print(f"  the draft model is {cost:.0%} of the model's size: {k} drafts a step pay off only "
+              + ("at no acceptance rate" if need is None else f"above {need:.0%} acceptance")
+              + "; steps start plain and speculation is probed", flush=True)
     return draft
 
 

@@ -158,6 +158,27 @@ class RowSpeculation:
         self._window_drafted = self._window_accepted = 0
 
 
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens a speculative step emits per row when each draft is accepted with this probability."""
+    return float(k + 1) if acceptance >= 1 else (1 - acceptance ** (k + 1)) / (1 - acceptance)
+
+
+def breakeven_acceptance(cost: float, k: int) -> float | None:
+    """The acceptance at which k drafts from a drafter costing `cost` of a target step per token
+    pay for themselves, even if verifying were free; None when no acceptance does."""
+    need = 1 + k * cost
+    if expected_tokens(1.0, k) <= need:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < need else (lo, mid)
+    return hi
+
+
+TYPICAL_ACCEPTANCE = 0.7  # a good draft model's acceptance on ordinary text; below its breakeven, start plain
+
+
 class SpeculationGate:
     """Whether this step should speculate at all, from measured throughput per batch size.
 
@@ -169,9 +190,13 @@ class SpeculationGate:
     losing draft model is dear: its cache must catch up on every token it skipped).
     """
 
-    def __init__(self, alpha: float = 0.3, probe_every: int = 24, probe_len: int = 3,
-                 max_interval: int = 768) -> None:
+    def __init__(self, alpha: float = 0.3, probe_every: int = 24, probe_len: int = 4,
+                 max_interval: int = 768, expect_loss: bool = False) -> None:
         self.alpha = alpha
+        # A drafter known to cost more than it can bring (a draft model nearly as big as the
+        # target): every batch size starts on plain steps and speculation is only probed.
+        self.expect_loss = expect_loss
+        self._mirror = [0, 4]  # joins not given a draft cache since the last one that was, the gap
         self.probe_every = probe_every
         self.probe_len = probe_len
         self.max_interval = max_interval
@@ -182,7 +207,7 @@ class SpeculationGate:
     def choose(self, rows: int) -> bool:
         rows = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ... share what they learn
         spec, plain = self._rate.get((rows, True)), self._rate.get((rows, False))
-        if spec is None and not self._lost_below(rows):
+        if spec is None and not self._lost_below(rows) and not self.expect_loss:
             return True
         if plain is None:
             return False
@@ -198,6 +223,26 @@ class SpeculationGate:
         if state[0] >= state[1] + self.probe_len:  # probe over; the same winner probes less often
             state[0], state[1] = 0, min(2 * state[1], self.max_interval)
         return not best
+
+    def mirror(self, rows: int) -> bool:
+        """Should a row joining a batch of `rows` get a draft-model cache (a prefill of its prompt
+        on the draft)? Where speculation wins or is unknown, yes. Where it loses, only one join in
+        a growing gap (4, 8, ... 64): probes then have rows to draft for, and a losing draft
+        model stops doubling every prompt's prefill."""
+        bucket = rows.bit_length()
+        spec, plain = self._rate.get((bucket, True)), self._rate.get((bucket, False))
+        if spec is not None and plain is not None:
+            winning = spec >= plain
+        else:
+            winning = spec is not None or not (self.expect_loss or self._lost_below(bucket))
+        if winning:
+            self._mirror = [0, 4]
+            return True
+        self._mirror[0] += 1
+        if self._mirror[0] < self._mirror[1]:
+            return False
+        self._mirror = [0, min(2 * self._mirror[1], 64)]
+        return True
 
     def _lost_below(self, bucket: int) -> bool:
         return any(self._rate.get((b, True), 0.0) < self._rate.get((b, False), 0.0)

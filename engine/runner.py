@@ -19,7 +19,16 @@ from mlx_lm.generate import PromptProcessingBatch, StopSequences, generation_str
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
-from engine.drafting import Draft, PredictionLookup, PromptLookup, RowSpeculation, SpeculationGate
+from engine.admission import weights_bytes
+from engine.drafting import (
+    TYPICAL_ACCEPTANCE,
+    Draft,
+    PredictionLookup,
+    PromptLookup,
+    RowSpeculation,
+    SpeculationGate,
+    breakeven_acceptance,
+)
 from engine.prefix_cache import PrefixCache
 from engine.sampling import LogitsProcessor, make_row_processors, make_row_sampler
 from engine.scheduler import StepOutput, StepPlan
@@ -59,6 +68,15 @@ class Speculation:
     gated: bool = True  # speculate only where it measures faster (off: whenever a row has drafts)
 
 
+def draft_breakeven(model: Any, draft: Any, k: int) -> tuple[float, float | None, bool]:
+    """A draft model's cost per token (its share of the target's weight bytes), the acceptance
+    at which k drafts pay off even with a free verify step (None: none does), and whether that
+    is above what a typical acceptance brings (then the gate starts every batch size plain)."""
+    cost = weights_bytes(draft) / max(weights_bytes(model), 1)
+    need = breakeven_acceptance(cost, k)
+    return cost, need, need is None or need > TYPICAL_ACCEPTANCE
+
+
 class BatchRunner:
     """Owns the KV caches and the model calls. Called only from the engine's owner thread."""
 
@@ -70,10 +88,12 @@ class BatchRunner:
         self.speculation = speculation or Speculation()
         self._can_speculate = can_speculate(model)
         self._spec: dict[str, RowSpeculation] = {}
-        self._gate = SpeculationGate()
-        self._last: tuple[bool, float] | None = None  # the previous step: speculated?, when it ended
         draft = self.speculation.draft_model
+        loses = draft is not None and draft_breakeven(model, draft, self.speculation.num_draft_tokens)[2]
+        self._gate = SpeculationGate(expect_loss=loses)
+        self._last: tuple[bool | None, float] | None = None  # the previous clean step: the gate's call, its end
         self._draft_rows = DraftRows(draft, prefill_step_size) if draft is not None else None
+        self._draft_debt = 0.0  # seconds of draft prefill not yet charged to speculation
         self._uids = itertools.count()
         self._uid_of: dict[str, int] = {}
         self._seq_of: dict[int, str] = {}
@@ -135,29 +155,35 @@ class BatchRunner:
             rows = len(self._gen)
             if rows == 0:
                 return StepOutput({})
-            drafts = self._drafts() if self._spec and self._gate_open(rows) else None
+            allowed = self._gate_open(rows) if self._spec else None
+            drafts = self._drafts() if allowed else None
             if drafts is None:
                 responses = self._gen.next()
                 out = StepOutput({self._seq_of[r.uid]: r.token for r in responses},
                                  self._logprobs([(self._seq_of[r.uid], r.token, r.logprobs) for r in responses]))
             else:
                 out = self._speculate(*drafts)
-            self._measure(rows, drafts is not None, out, clean=not plan.prefill)
+            self._measure(rows, allowed, out, clean=not plan.prefill)
             return out
 
     def _gate_open(self, rows: int) -> bool:
         return self._gate.choose(rows) if self.speculation.gated else True
 
-    def _measure(self, rows: int, speculated: bool, out: StepOutput, clean: bool) -> None:
-        """Tokens per second of this step, for the gate. Only a step that follows one of its own
-        kind counts: a plain step is pipelined behind the previous step, so the first plain step
-        after a speculative one (or the reverse) would be charged for the wrong forward."""
+    def _measure(self, rows: int, allowed: bool | None, out: StepOutput, clean: bool) -> None:
+        """Tokens per second of this step, for the gate, charged to what the gate decided (a step
+        it let speculate may still run plain when no row has drafts: the policy pays for both,
+        and for the pipeline bubbles between them). Only a step that follows one under the same
+        decision counts: a plain step is pipelined behind the previous step, so the first step
+        after a change would be charged for the other decision's forward."""
         now = time.perf_counter()
-        last, self._last = self._last, (speculated, now)
-        if not self._spec or not clean or last is None or last[0] != speculated:
+        last, self._last = self._last, (allowed, now) if clean else None
+        if allowed is None or not clean or last is None or last[0] != allowed:
             return
         emitted = sum(len(t) if isinstance(t, tuple) else 1 for t in out.tokens.values())
-        self._gate.record(rows, speculated, emitted, now - last[1])
+        seconds = now - last[1]
+        if allowed:
+            seconds, self._draft_debt = seconds + self._draft_debt, 0.0
+        self._gate.record(rows, allowed, emitted, seconds)
 
     def _drafts(self) -> tuple[list[Draft | None], list[int] | None] | None:
         """This step's drafts per row, or None when no row drafts (a plain, pipelined step)."""
@@ -170,7 +196,7 @@ class BatchRunner:
                 model_k.append(0)
             elif row.drafter is None:
                 drafts.append(None)
-                model_k.append(row.k)
+                model_k.append(row.k if self._draft_rows is not None and self._draft_rows.live[e] else 0)
             else:
                 d = row.drafter.draft(self._gen.tokens[e], self._gen.pending(e), row.k)
                 drafts.append(d if d.tokens else None)
@@ -220,9 +246,21 @@ class BatchRunner:
         for batch, _ in finals[1:]:
             merged.extend(batch)
         prompts = [list(self._requests[self._seq_of[uid]].prompt_tokens) for uid in merged.uids]
+        seq_ids = [self._seq_of[uid] for uid in merged.uids]
         self._gen.extend(merged.generate([tokens for _, tokens in finals]))
         if self._draft_rows is not None:
-            self._draft_rows.prefill(prompts)
+            rows, began = len(self._gen), time.perf_counter()
+            self._draft_rows.prefill(prompts, [self._mirrors(s, rows) for s in seq_ids])
+            # The draft's prefill is speculation's cost, paid in a step the gate does not time
+            # (it has prefill in it): charge it to the next speculating step it does time.
+            self._draft_debt += time.perf_counter() - began
+
+    def _mirrors(self, seq_id: str, rows: int) -> bool:
+        """Whether the draft model follows this joining row (see SpeculationGate.mirror)."""
+        row = self._spec.get(seq_id)
+        if row is None or row.drafter is not None or row.k <= 0:
+            return False
+        return self._gate.mirror(rows) if self.speculation.gated else True
 
     def _leave_prompt(self, batch: PromptProcessingBatch, tokens: list[int]) -> list[int]:
         """Prefill all but the last prompt token and leave that KV for the sibling choices."""

@@ -88,11 +88,18 @@ class DraftRows:
         self.prefill_step_size = prefill_step_size
         self.caches: list[Any] = []
         self.seen: list[int] = []  # tokens of each row's history the draft's cache holds
+        self.live: list[bool] = []  # rows the draft follows (the others hold a placeholder)
+        self._template: list[Any] | None = None
 
-    def prefill(self, prompts: list[list[int]]) -> None:
-        """New rows joined the batch with these prompts (their whole prompt is in the target KV)."""
+    def prefill(self, prompts: list[list[int]], mirror: list[bool] | None = None) -> None:
+        """New rows joined the batch with these prompts (their whole prompt is in the target KV).
+        A row not mirrored gets a one-token placeholder and is never drafted for."""
+        mirror = mirror if mirror is not None else [True] * len(prompts)
         rows = []
-        for prompt in prompts:
+        for prompt, live in zip(prompts, mirror):
+            if not live:
+                rows.append(self._placeholder())
+                continue
             cache = make_prompt_cache(self.model)
             for at in range(0, len(prompt), self.prefill_step_size):
                 self.model(mx.array(prompt[at:at + self.prefill_step_size])[None], cache=cache)
@@ -105,9 +112,20 @@ class DraftRows:
             for mine, theirs in zip(self.caches, merged):
                 mine.extend(theirs)
         self.seen.extend(len(p) for p in prompts)
+        self.live.extend(mirror)
+
+    def _placeholder(self) -> list[Any]:
+        """A one-position cache standing in for a row the draft does not follow (made once;
+        merging copies it into the batch caches)."""
+        if self._template is None:
+            self._template = make_prompt_cache(self.model)
+            self.model(mx.array([[0]]), cache=self._template)
+            mx.eval([c.state for c in self._template])
+        return self._template
 
     def filter(self, keep: list[int]) -> None:
         self.seen = [self.seen[i] for i in keep]
+        self.live = [self.live[i] for i in keep]
         if not keep:
             self.caches = []
             return
@@ -116,7 +134,7 @@ class DraftRows:
 
     def draft(self, histories: list[list[int]], pending: mx.array, k: int) -> mx.array:
         """k greedy draft tokens per row (B, k), lazily, after each row's history + pending."""
-        missing = [h[s:] for h, s in zip(histories, self.seen)]
+        missing = [h[s:] if live else [] for h, s, live in zip(histories, self.seen, self.live)]
         # Catch up in pieces of at most CATCH_UP tokens, every width a power of two: a lag of any
         # length then reuses a few compiled shapes (a new shape costs a kernel compile on a GPU).
         while max(len(m) for m in missing) >= CATCH_UP:

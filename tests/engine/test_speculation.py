@@ -227,6 +227,57 @@ def test_the_gate_picks_the_faster_kind_of_step_and_keeps_probing_the_other() ->
     assert [slow.choose(8) for _ in range(12)].count(True) == 2  # and speculation is only probed
 
 
+def test_a_draft_model_too_big_to_pay_starts_plain_and_follows_only_a_few_joining_rows() -> None:
+    from engine.drafting import SpeculationGate, breakeven_acceptance
+
+    assert breakeven_acceptance(0.9, 3) > 0.9  # nearly the target's size: needs ~94% acceptance
+    assert breakeven_acceptance(1.0, 3) is None  # the model as its own draft can never pay
+    assert breakeven_acceptance(0.1, 3) < 0.3
+    gate = SpeculationGate(probe_every=10, probe_len=2, expect_loss=True)
+    assert gate.choose(1) is False and gate.choose(16) is False  # plain first, at every size
+    gate.record(1, False, tokens=10, seconds=1.0)
+    assert [gate.choose(1) for _ in range(12)].count(True) == 2  # then speculation is only probed
+    # joining rows get a draft cache one in 4, then one in 8, ...: probes have rows to draft for
+    assert [i for i in range(30) if gate.mirror(4)] == [3, 11, 27]
+    gate.record(4, True, tokens=90, seconds=1.0)
+    gate.record(4, False, tokens=40, seconds=1.0)  # the probe found speculation winning at 4-7 rows
+    assert all(gate.mirror(5) for _ in range(5)) and gate.choose(5) is True
+    good = SpeculationGate()
+    assert good.choose(8) is True and good.mirror(8) is True  # a cheap drafter explores at once
+
+
+def test_rows_the_draft_does_not_follow_ride_along_and_the_rest_draft_exactly(tiny_path: Path) -> None:
+    from mlx_lm.generate import generate_step
+
+    from engine.speculative import DraftRows
+
+    draft = load(str(tiny_path))[0]
+    prompts = [list(range(100, 130)), list(range(200, 240)), list(range(300, 310))]
+    rows = DraftRows(draft, prefill_step_size=64)
+    rows.prefill(prompts, [True, False, True])
+    assert rows.live == [True, False, True]
+    assert rows.caches[0].offset.tolist()[1] == 1  # a placeholder: no prefill of its 40 tokens
+    histories = [prompts[0] + [5, 6], prompts[1] + list(range(400, 430)), prompts[2] + [7]]
+    got = rows.draft(histories, mx.array([55, 66, 77]), 3).tolist()
+    for i in (0, 2):
+        h, y = histories[i], (55, 66, 77)[i]
+        assert got[i] == [t for t, _ in generate_step(mx.array(h + [y]), draft, max_tokens=3)]
+    rows.filter([1, 2])
+    assert rows.live == [False, True]
+
+
+def test_a_self_draft_runs_gated_plain_and_its_outputs_stay_greedy(
+        smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]]) -> None:
+    """The model as its own draft costs as much as it saves at best: the gate starts plain and
+    the draft model follows one joining row in four, so at most one row ever drafts here."""
+    model, tokenizer = smollm
+    reqs, ref = requests_and_reference
+    got, seen = run_batch(model, tokenizer, reqs, Speculation("draft", 3, model))
+    for r in reqs:
+        assert got[r.id] == ref[r.id], r.id
+    assert sum(1 for d, _ in seen.values() if d > 0) <= 1
+
+
 def test_a_lagging_draft_cache_catches_up_and_drafts_what_the_draft_model_would(tiny_path: Path) -> None:
     """Rows whose draft cache fell behind by different amounts (plain steps do not feed the
     draft) catch up in pieces and draft exactly the draft model's own greedy continuation."""
