@@ -148,6 +148,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--modes", default="ngram,draft,draft-forced,predict,predict-edited")
     p.add_argument("--aggregate-only", action="store_true")
+    p.add_argument("--agg-runs", type=int, default=1,
+                   help="aggregate rounds (plain then every mode); medians of the per-round ratios")
     args = p.parse_args()
     from engine.loader import maybe_dequantize
 
@@ -220,15 +222,26 @@ def main() -> None:
             short = [replace(r, max_tokens=max(args.tokens // 2, 8))
                      for r in requests(n, "w", reference.tokens, mode)]
             run(model, spec_for(mode, args.agg_gamma), short, clients, eos, runners[mode])
-        plain = run(model, Speculation(None), requests(n, "a"), clients, eos, runners["plain"])
-        line = f"  {clients:>3} clients  plain {plain.total / plain.wall_s:8.1f}"
+        # Rounds: plain, then every mode, again and again; each round's ratios are to its own
+        # plain run, and the medians are reported (a shared GPU host drifts by tens of percent).
+        rates: dict[str, list[float]] = {m: [] for m in ["plain", *modes]}
+        ratios: dict[str, list[float]] = {m: [] for m in modes}
+        accepted: dict[str, list[float]] = {m: [] for m in modes}
+        for _ in range(args.agg_runs):
+            plain = run(model, Speculation(None), requests(n, "a"), clients, eos, runners["plain"])
+            rates["plain"].append(plain.total / plain.wall_s)
+            for mode in modes:
+                o = run(model, spec_for(mode, args.agg_gamma), requests(n, "a", reference.tokens, mode),
+                        clients, eos, runners[mode])
+                rates[mode].append(o.total / o.wall_s)
+                ratios[mode].append(rates[mode][-1] / rates["plain"][-1])
+                accepted[mode].append(o.acceptance)
+        line = f"  {clients:>3} clients  plain {statistics.median(rates['plain']):8.1f}"
         for mode in modes:
-            o = run(model, spec_for(mode, args.agg_gamma), requests(n, "a", reference.tokens, mode), clients, eos,
-                    runners[mode])
-            rate = o.total / o.wall_s
-            line += f" | {mode} {rate:8.1f} ({rate / (plain.total / plain.wall_s):4.2f}x, acc {o.acceptance:.2f})"
+            spread = (f" [{min(ratios[mode]):.2f}-{max(ratios[mode]):.2f}]" if args.agg_runs > 1 else "")
+            line += (f" | {mode} {statistics.median(rates[mode]):8.1f} ({statistics.median(ratios[mode]):4.2f}x"
+                     f"{spread}, acc {statistics.median(accepted[mode]):.2f})")
         print(line, flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -193,6 +193,9 @@ class SpeculationGate:
     def __init__(self, alpha: float = 0.3, probe_every: int = 24, probe_len: int = 4,
                  max_interval: int = 768, expect_loss: bool = False) -> None:
         self.alpha = alpha
+        # Speculation must beat plain steps by this much to be chosen: a tie (a speculating
+        # policy whose rows happen to have no drafts runs plain steps) is not a reason to pay for it.
+        self.margin = 1.05
         # A drafter known to cost more than it can bring (a draft model nearly as big as the
         # target): every batch size starts on plain steps and speculation is only probed.
         self.expect_loss = expect_loss
@@ -213,7 +216,7 @@ class SpeculationGate:
             return False
         # Verifying grows with the batch, so where speculation lost at a smaller batch it starts
         # out as the loser here too (and is probed like one).
-        best = spec is not None and spec >= plain
+        best = spec is not None and spec >= self.margin * plain
         state = self._probe.setdefault(rows, [0, self.probe_every, best])
         if best != state[2]:  # the winner changed: probe often again
             state[0], state[1], state[2] = 0, self.probe_every, best
@@ -232,7 +235,7 @@ class SpeculationGate:
         bucket = rows.bit_length()
         spec, plain = self._rate.get((bucket, True)), self._rate.get((bucket, False))
         if spec is not None and plain is not None:
-            winning = spec >= plain
+            winning = spec >= self.margin * plain
         else:
             winning = spec is not None or not (self.expect_loss or self._lost_below(bucket))
         if winning:
