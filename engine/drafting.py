@@ -102,8 +102,11 @@ class PredictionLookup:
     def _locate(self, tail: list[int], out_len: int) -> int | None:
         if not out_len:
             return 0
-        if self._cursor is not None:
-            at = self._cursor[0] + out_len - self._cursor[1]
+        # Where the last match continues to, then where the output sits if it has followed the
+        # prediction from its start; only then the latest occurrence of its tail (for repetitive
+        # text that is near the end, so it comes last).
+        aligned = [out_len] if self._cursor is None else [self._cursor[0] + out_len - self._cursor[1], out_len]
+        for at in aligned:
             n = min(MAX_NGRAM, out_len, at)
             if 0 < at <= len(self._pred) and self._pred[at - n:at] == tail[len(tail) - n:]:
                 return at

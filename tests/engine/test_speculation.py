@@ -62,6 +62,15 @@ def test_prediction_lookup_follows_the_prediction_and_resyncs_after_an_edit() ->
     assert d.draft([1, 2, 20, 21, 22, 77], 24, 2).tokens == [25, 26]
 
 
+def test_a_repetitive_prediction_drafts_from_where_the_output_is_not_from_its_end() -> None:
+    pred = (7, 7, 7, 7, 7, 7, 7, 7, 9, 9)
+    d = PredictionLookup(pred, prompt_len=2)
+    # first call after 3 tokens were output (the cursor is not set): the tail 7 7 7 last occurs
+    # at the prediction's 8th token, but the output has followed the prediction from its start
+    assert d.draft([1, 2, 7, 7, 7], None, 3).tokens == [7, 7, 7]
+    assert d.draft([1, 2, 7, 7, 7, 7, 7, 7], 7, 3).tokens == [7, 9, 9]  # 7 of 8 sevens out
+
+
 def test_a_row_whose_drafts_keep_failing_pauses_then_tries_again() -> None:
     row = RowSpeculation(PromptLookup(), k=2)
     for _ in range(4):
