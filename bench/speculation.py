@@ -243,5 +243,6 @@ def main() -> None:
                      f"{spread}, acc {statistics.median(accepted[mode]):.2f})")
         print(line, flush=True)
 
+
 if __name__ == "__main__":
     main()

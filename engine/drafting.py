@@ -213,13 +213,11 @@ class SpeculationGate:
     def choose(self, rows: int) -> bool:
         rows = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ... share what they learn
         spec, plain = self._rate.get((rows, True)), self._rate.get((rows, False))
-        if spec is None and not self._lost_below(rows) and not self.expect_loss:
-            return True
+        if spec is None and self._winning(rows):
+            return True  # explore
         if plain is None:
             return False
-        # Verifying grows with the batch, so where speculation lost at a smaller batch it starts
-        # out as the loser here too (and is probed like one).
-        best = spec is not None and spec >= self.margin * plain
+        best = self._winning(rows)
         state = self._probe.setdefault(rows, [0, self.probe_every, best])
         if best != state[2]:  # the winner changed: probe often again
             state[0], state[1], state[2] = 0, self.probe_every, best
@@ -235,13 +233,7 @@ class SpeculationGate:
         on the draft)? Where speculation wins or is unknown, yes. Where it loses, only one join in
         a growing gap (4, 8, ... 64): probes then have rows to draft for, and a losing draft
         model stops doubling every prompt's prefill."""
-        bucket = rows.bit_length()
-        spec, plain = self._rate.get((bucket, True)), self._rate.get((bucket, False))
-        if spec is not None and plain is not None:
-            winning = spec >= self.margin * plain
-        else:
-            winning = spec is not None or not (self.expect_loss or self._lost_below(bucket))
-        if winning:
+        if self._winning(rows.bit_length()):
             self._mirror = [0, 4]
             return True
         self._mirror[0] += 1
@@ -249,6 +241,16 @@ class SpeculationGate:
             return False
         self._mirror = [0, min(2 * self._mirror[1], 64)]
         return True
+
+    def _winning(self, bucket: int) -> bool:
+        """Speculation's standing at a batch-size bucket: against plain steps (by the margin) when
+        both are measured; measured with plain not yet, it stands; unmeasured, it is tried unless
+        expected to lose — a draft too big to pay, or a loss at a smaller batch (verifying grows
+        with the batch, so it starts out as the loser here too, and is probed like one)."""
+        spec, plain = self._rate.get((bucket, True)), self._rate.get((bucket, False))
+        if spec is None:
+            return not (self.expect_loss or self._lost_below(bucket))
+        return plain is None or spec >= self.margin * plain
 
     def _lost_below(self, bucket: int) -> bool:
         return any(self._rate.get((b, True), 0.0) < self._rate.get((b, False), 0.0)
