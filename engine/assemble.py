@@ -27,6 +27,7 @@ class EngineSettings:
     max_context: int | None = None
     draft_kind: str | None = None  # speculative decoding: "ngram", "draft" (a draft model) or None
     num_draft_tokens: int = 3
+    speculation_gated: bool = True  # speculate only where it measures faster; False: whenever rows have drafts
     draft_spec: ModelSpec | None = None
     tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
 
@@ -62,7 +63,8 @@ def make_core(loaded: LoadedModel, counters: Counters, settings: EngineSettings,
                          max_entries=settings.prompt_cache_size,
                          max_bytes=settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES)
     speculation = Speculation(settings.draft_kind, settings.num_draft_tokens,
-                              draft.model if draft is not None else None)
+                              draft.model if draft is not None else None,
+                              gated=settings.speculation_gated)
     runner = BatchRunner(loaded.model, prefill_step_size=settings.token_budget, prefix_cache=prefix,
                          speculation=speculation)
     core = Core(sched, runner, loaded.tokenizer, counters, prefix, settings.tool_call_parser)

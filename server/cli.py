@@ -42,6 +42,7 @@ def engine_settings(config: Config) -> Any:
                           max_context=config.max_context,
                           draft_kind=config.draft_kind,
                           num_draft_tokens=config.num_draft_tokens,
+                          speculation_gated=config.speculation_gate == "auto",
                           draft_spec=draft_spec(config),
                           tool_call_parser=config.tool_call_parser)
 

@@ -17,6 +17,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # mlx_lm.server flags whose behaviour we do not have yet: refused, never ignored.
 NOT_YET = ("kv_bits", "pipeline")
 DRAFT_KINDS = ("ngram", "draft")
+SPECULATION_GATES = ("auto", "off")
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class Config:
     draft_model: str | None = None
     num_draft_tokens: int = 3
     draft_kind: str | None = None
+    speculation_gate: str = "auto"
     kv_bits: int | None = None
     pipeline: bool = False
     max_body_bytes: int = 32 * MIB
@@ -128,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--draft-kind", choices=DRAFT_KINDS,
       help="speculative decoding drafter: ngram (prompt lookup, no second model) or draft "
            "(--draft-model; implied by it). Default: off")
+    a("--speculation-gate", choices=SPECULATION_GATES,
+      help="auto: speculate at a batch size only while it measures faster than plain decoding; "
+           "off: speculate on every step where a row has drafts (auto)")
     a("--kv-bits", type=int, help="KV cache quantization bits (not supported yet)")
     a("--pipeline", action="store_true", help="pipeline parallel (not supported yet)")
     a("--max-body-bytes", type=_parse_size, help="largest request body (32M)")

@@ -3,6 +3,8 @@
 The server drafts with prompt lookup (`--draft-kind ngram`); greedy text must equal mlx-lm's
 plain greedy text, usage must report the speculation, Predicted Outputs must count accepted
 prediction tokens, and a draft model with another tokenizer must stop the server at start.
+The server runs with `--speculation-gate off`: the timing gate may learn that plain decoding
+wins on this CPU and skip a short request's drafts, and these tests assert that drafts happen.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ COPY = [{"role": "user", "content": "Copy this list exactly: apples, oranges, pe
 @pytest.fixture(scope="module")
 def server(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("logs") / "speculation-server.log"
-    proc = ServerProcess(["--model", str(smollm_path), "--draft-kind", "ngram", "--num-draft-tokens", "3"], log)
+    proc = ServerProcess(["--model", str(smollm_path), "--draft-kind", "ngram", "--num-draft-tokens", "3",
+                          "--speculation-gate", "off"], log)
     yield proc
     proc.close()
 

@@ -60,6 +60,17 @@ def test_config_speculation_flags() -> None:
     assert load_config(["--draft-kind", "ngram"]).draft_kind == "ngram"
 
 
+def test_config_speculation_gate_reaches_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    from server.cli import engine_settings
+
+    assert engine_settings(load_config(["--draft-kind", "ngram"])).speculation_gated is True
+    c = load_config(["--draft-kind", "ngram", "--speculation-gate", "off"])
+    assert engine_settings(c).speculation_gated is False
+    with pytest.raises(SystemExit):
+        load_config(["--speculation-gate", "sometimes"])
+    assert "--speculation-gate" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["--draft-kind", "draft"], ["--draft-kind", "ngram", "--draft-model", "d"],
                                   ["--draft-kind", "ngram", "--num-draft-tokens", "0"],
                                   ["--draft-kind", "medusa"]])
