@@ -10,7 +10,7 @@ same prompts, so the printed ratios compare like with like:
     as a ratio to plain decoding, with the acceptance rate seen;
   - aggregate: closed-loop clients (each sends its next request when one ends), total tok/s
     over the wall time, with vs without speculation (γ = --agg-gamma).
-Drafters: `ngram` (prompt lookup), `draft` (a draft model: --draft, or --draft-layers derives
+Drafters: `ngram` (prompt lookup; `ngram-forced` with the gate off), `draft` (a draft model: --draft, or --draft-layers derives
 one from the target by keeping those layers), `predict` (the client's prediction is the plain
 output itself: the best case, e.g. re-sending known text) and `predict-edited` (that output with
 every 8th token changed, like an edited file).
@@ -183,6 +183,8 @@ def main() -> None:
             return Speculation(None, gamma)
         if mode == "ngram":
             return Speculation("ngram", gamma)
+        if mode == "ngram-forced":  # the gate off: what speculating on every step costs or brings
+            return Speculation("ngram", gamma, gated=False)
         if mode == "draft":
             return Speculation("draft", gamma, draft)
         if mode == "draft-forced":  # the gate off: every step speculates, whatever it costs

@@ -7,9 +7,9 @@ one target forward of width W = 1 + the longest draft. Each row's W positions ar
 the row's own processors and sampler; the row accepts its drafts while they equal what the
 target sampled (so the accepted text is distributed exactly as the target's), emits the pending
 token plus the accepted drafts, and keeps the first target sample it did not accept as its next
-pending token. Rejected positions are cut per row from the KV caches (target and draft): the
-cut tail is rolled to the row's front and becomes left padding, mlx-lm's own way of turning
-right padding into left padding, so every row keeps one shared write position.
+pending token. Rejected positions are cut per row from the KV caches (target and draft): what
+every row rejected is trimmed, the rest become holes the attention mask hides
+(engine.cut_cache), so every row keeps one shared write position without moving its cache.
 
 The draft model, when there is one, mirrors the batch's rows in its own batch caches; it
 catches up on whatever tokens it has not seen (ragged, right-padded, then cut the same way) and
@@ -24,9 +24,10 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
-from mlx_lm.models.cache import KVCache, dynamic_roll, make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
+from engine.cut_cache import cut_rows
 from engine.drafting import Draft
 
 
@@ -46,35 +47,6 @@ class RowResult:
 def can_speculate(model: Any) -> bool:
     """Speculation cuts KV per row; that needs plain (non-rotating, unquantized) caches."""
     return all(type(c) is KVCache for c in make_prompt_cache(model))
-
-
-def cut_rows(caches: list[Any], cut: list[int]) -> None:
-    """Drop the last cut[i] positions of row i from every layer's batch cache.
-
-    What every row drops is trimmed; the rest is rolled into the row's left padding, and the
-    padding all rows share is then sliced off, so the cache stays as long as its longest row.
-    """
-    low, high = min(cut), max(cut)
-    if high == 0:
-        return
-    shift = mx.array([c - low for c in cut]) if high > low else None
-    common = 0
-    for c in caches:
-        if low:
-            c.trim(low)
-        if shift is None:
-            continue
-        keys, values = c.keys[..., :c._idx, :], c.values[..., :c._idx, :]
-        c.keys = dynamic_roll(keys, shift[:, None], axis=2)
-        c.values = dynamic_roll(values, shift[:, None], axis=2)
-        c.offset = c.offset - shift
-        c.left_padding = c.left_padding + shift
-        if c is caches[0]:
-            common = min(c.left_padding.tolist())
-        if common:
-            c.keys, c.values = c.keys[..., common:, :], c.values[..., common:, :]
-            c._idx -= common
-            c.left_padding = c.left_padding - common
 
 
 CATCH_UP = 16  # the widest piece a lagging draft cache catches up by in one forward
@@ -285,4 +257,4 @@ def empty_batch(model: Any, draft_rows: DraftRows | None) -> SpecBatch:
     return batch
 
 
-__all__ = ["DraftMismatch", "DraftRows", "RowResult", "SpecBatch", "can_speculate", "cut_rows", "empty_batch"]
+__all__ = ["DraftMismatch", "DraftRows", "RowResult", "SpecBatch", "can_speculate", "empty_batch"]

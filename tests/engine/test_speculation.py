@@ -1,4 +1,4 @@
-"""Speculative decoding inside the batch: drafters, per-row KV cuts, and the greedy oracle.
+"""Speculative decoding inside the batch: drafters and the greedy oracle (KV cuts: test_cut_cache).
 
 The runs here turn the timing-based gate off (`gated=False`) so every drafting row speculates
 every step, deterministically; the gate itself is tested on its own.
@@ -17,12 +17,10 @@ from typing import Any
 import mlx.core as mx
 import pytest
 from mlx_lm import load
-from mlx_lm.models.cache import BatchKVCache
 
 from engine.drafting import NgramIndex, PredictionLookup, PromptLookup, RowSpeculation
 from engine.runner import BatchRunner, Speculation
 from engine.scheduler import Scheduler, SchedulerConfig, StepOutput
-from engine.speculative import cut_rows
 from engine.types import Request, SamplingParams
 from tests.engine.test_runner import drive, prompt_ids, reference
 
@@ -84,25 +82,6 @@ def test_a_row_whose_drafts_keep_failing_pauses_then_tries_again() -> None:
     for _ in range(8):
         good.record(2, 2)
         assert good.active
-
-
-# --- per-row KV cuts -------------------------------------------------------------------------
-
-
-def test_cut_rows_drops_each_rows_own_tail_and_keeps_positions() -> None:
-    mx.random.seed(0)
-    rows = [mx.random.normal((1, 2, n, 4)) for n in (5, 3)]
-    cache = BatchKVCache([0, 2])
-    k = mx.concatenate([mx.pad(rows[0], [(0, 0), (0, 0), (0, 0), (0, 0)]),
-                        mx.pad(rows[1], [(0, 0), (0, 0), (2, 0), (0, 0)])])
-    cache.update_and_fetch(k, k)
-    cut_rows([cache], [2, 0])  # row 0 loses its last two positions, row 1 none
-    keys, _ = cache.keys_and_values()
-    pad = cache.left_padding.tolist()
-    assert cache.offset.tolist() == [3, 3]
-    assert cache._idx == 3  # the padding both rows now share is gone: as long as the longest row
-    assert mx.array_equal(keys[0, :, pad[0]:], rows[0][0, :, :3])
-    assert mx.array_equal(keys[1, :, pad[1]:], rows[1][0])
 
 
 # --- the greedy oracle on the real model -----------------------------------------------------
