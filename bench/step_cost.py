@@ -5,7 +5,7 @@
 Fills a batch of `rows` rows with `context`-token prompts, then times, each synchronously and
 averaged over `steps`: a plain decode step (pipelined, as served), the verify forward alone (one
 target forward of `width` tokens a row), cutting rejected positions from the KV cache with
-acceptances that differ by row (engine.cut_cache.cut_rows), and the whole speculative step
+acceptances that differ by row (engine.cut_cache.cut_rows, and the roll it replaced), and the whole speculative step
 with wrong drafts (every row cuts the same count, so
 that step has no roll: add the cut line for a step whose rows accept differently). Ratios to the plain step say what speculation must win back.
 """
@@ -20,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm import load
+from mlx_lm.models.cache import BatchKVCache, dynamic_roll
 
 from engine.drafting import Draft
 from engine.loader import maybe_dequantize
@@ -42,6 +43,25 @@ def filled_runner(model: Any, rows: int, context: int, eos: frozenset[int]) -> B
             runner.admit(sched.get(sid).request)  # type: ignore[union-attr]
         sched.update(plan, runner.step(plan))
     return runner
+
+
+def rolled_cut(caches: list[Any], cut: list[int]) -> None:
+    """The cut this replaced (before df4ce73), as a baseline: every row's cache rolled right by
+    its extra cut, the tail becoming left padding, shared padding then sliced off."""
+    low, high = min(cut), max(cut)
+    shift = mx.array([c - low for c in cut])
+    for c in caches:
+        c.trim(low)
+        if high == low:
+            continue
+        keys, values = c.keys[..., :c._idx, :], c.values[..., :c._idx, :]
+        c.keys = dynamic_roll(keys, shift[:, None], axis=2)
+        c.values = dynamic_roll(values, shift[:, None], axis=2)
+        c.offset, c.left_padding = c.offset - shift, c.left_padding + shift
+        common = min(c.left_padding.tolist())
+        if common:
+            c.keys, c.values = c.keys[..., common:, :], c.values[..., common:, :]
+            c._idx, c.left_padding = c._idx - common, c.left_padding - common
 
 
 def timed(fn: Callable[[], Any], steps: int) -> float:
@@ -77,18 +97,28 @@ def main() -> None:
         mx.eval(logits)
         cut_rows(gen.prompt_cache, [args.width] * args.rows)  # what it wrote, all of it, no roll
 
-    def cut() -> None:
-        for c in gen.prompt_cache:  # write `width` positions, then cut a different count per row
-            c.update_and_fetch(*(mx.zeros((args.rows, c.keys.shape[1], args.width, a.shape[-1]), a.dtype)
-                                 for a in (c.keys, c.values)))
-        cut_rows(gen.prompt_cache, [rng.randint(1, args.width) for _ in range(args.rows)])
-        mx.eval([c.state[:4] for c in gen.prompt_cache])
+    def cut_with(how: Callable[[list[Any], list[int]], None], caches: list[Any]) -> Callable[[], None]:
+        def cut() -> None:
+            for c in caches:  # write `width` positions, then cut a different count per row
+                c.update_and_fetch(*(mx.zeros((args.rows, c.keys.shape[1], args.width, a.shape[-1]), a.dtype)
+                                     for a in (c.keys, c.values)))
+            how(caches, [rng.randint(1, args.width) for _ in range(args.rows)])
+            mx.eval([c.state[:4] for c in caches])
+        return cut
+
+    # the baseline rolls a copy of the batch caches (plain BatchKVCaches, as they were)
+    copies: list[Any] = []
+    for c in gen.prompt_cache:
+        b = BatchKVCache([0] * args.rows)
+        b.keys, b.values, b.offset, b.left_padding, b._idx = c.state
+        copies.append(b)
 
     def speculate() -> None:
         gen.speculate([Draft(None, [rng.randrange(1000, 20000) for _ in range(k)]) for _ in range(args.rows)])
 
     parts = {"plain step (pipelined)": plain, "verify forward": forward,
-             "cut rows (differing)": cut, "speculative step": speculate}
+             "cut rows (holes)": cut_with(cut_rows, gen.prompt_cache),
+             "cut rows (rolled, old)": cut_with(rolled_cut, copies), "speculative step": speculate}
     cost = {name: timed(fn, args.steps) for name, fn in parts.items()}
     print(f"device {mx.default_device()}  model {args.model}  rows {args.rows}  context {args.context}  "
           f"width {args.width}")
