@@ -91,11 +91,13 @@ def main() -> None:
     def plain() -> None:
         gen.next()
 
-    def forward() -> None:
-        inputs = mx.zeros((args.rows, args.width), dtype=mx.uint32)
-        logits = model(inputs, cache=gen.prompt_cache)
-        mx.eval(logits)
-        cut_rows(gen.prompt_cache, [args.width] * args.rows)  # what it wrote, all of it, no roll
+    def forward_keeping(kept: int) -> Callable[[], None]:
+        def forward() -> None:
+            inputs = mx.zeros((args.rows, args.width), dtype=mx.uint32)
+            logits = model(inputs, cache=gen.prompt_cache)
+            mx.eval(logits)
+            cut_rows(gen.prompt_cache, [args.width - kept] * args.rows)  # the same cut for all: no holes
+        return forward
 
     def cut_with(how: Callable[[list[Any], list[int]], None], caches: list[Any]) -> Callable[[], None]:
         def cut() -> None:
@@ -116,9 +118,14 @@ def main() -> None:
     def speculate() -> None:
         gen.speculate([Draft(None, [rng.randrange(1000, 20000) for _ in range(k)]) for _ in range(args.rows)])
 
-    parts = {"plain step (pipelined)": plain, "verify forward": forward,
+    def speculate_undrafted() -> None:
+        gen.speculate([None] * args.rows)
+
+    parts = {"plain step (pipelined)": plain, "verify forward": forward_keeping(0),
+             "verify forward, grows 1": forward_keeping(1),
              "cut rows (holes)": cut_with(cut_rows, gen.prompt_cache),
-             "cut rows (rolled, old)": cut_with(rolled_cut, copies), "speculative step": speculate}
+             "cut rows (rolled, old)": cut_with(rolled_cut, copies), "speculative step": speculate,
+             "speculative, no drafts": speculate_undrafted}
     cost = {name: timed(fn, args.steps) for name, fn in parts.items()}
     print(f"device {mx.default_device()}  model {args.model}  rows {args.rows}  context {args.context}  "
           f"width {args.width}")
