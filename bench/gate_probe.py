@@ -18,6 +18,7 @@ from typing import Any
 from mlx_lm import load
 
 from bench.speculation import edited, prompts, run
+from engine.backend import prefer_shape_free_attention
 from engine.loader import maybe_dequantize
 from engine.runner import BatchRunner, Speculation
 from engine.types import Request, SamplingParams
@@ -31,6 +32,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
+    prefer_shape_free_attention()  # as the server does
     model, tokenizer = load(args.model)
     model = maybe_dequantize(model)
     eos = frozenset(tokenizer.eos_token_ids)

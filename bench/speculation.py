@@ -151,7 +151,10 @@ def main() -> None:
     p.add_argument("--agg-runs", type=int, default=1,
                    help="aggregate rounds (plain then every mode); medians of the per-round ratios")
     args = p.parse_args()
+    from engine.backend import prefer_shape_free_attention
     from engine.loader import maybe_dequantize
+
+    prefer_shape_free_attention()  # as the server does
 
     model, tokenizer = load(args.model)
     model = maybe_dequantize(model)

@@ -23,6 +23,7 @@ from mlx_lm import load
 from mlx_lm.models.cache import BatchKVCache, dynamic_roll
 
 from engine.drafting import Draft
+from engine.backend import prefer_shape_free_attention
 from engine.loader import maybe_dequantize
 from engine.runner import BatchRunner
 from engine.scheduler import Scheduler, SchedulerConfig
@@ -81,6 +82,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=4)
     p.add_argument("--steps", type=int, default=30)
     args = p.parse_args()
+    prefer_shape_free_attention()  # as the server does
     model, tokenizer = load(args.model)
     model = maybe_dequantize(model)
     eos = frozenset(tokenizer.eos_token_ids)

@@ -115,11 +115,14 @@ def compact(caches: list[Any]) -> None:
     n = first._idx
     at = mx.arange(n)[None, :]
     kept = (at >= first.left_padding[:, None]) & ~_fit(first.holes, n)
-    order = mx.argsort(kept.astype(mx.int32) * n + at, axis=1)  # dead positions first, each side in order
-    num_kept = kept.sum(axis=1)
+    num_kept = kept.sum(axis=1, keepdims=True)
+    # Where each position goes: dead ones to the front in order, kept ones after them in order
+    # (a permutation built from running counts: a sort costs seconds on MLX's CUDA backend).
+    dest = mx.where(kept, n - num_kept + mx.cumsum(kept, axis=1) - 1, mx.cumsum(~kept, axis=1) - 1)
+    order = mx.put_along_axis(mx.zeros((kept.shape[0], n), dtype=mx.int32), dest, at.astype(mx.int32), axis=1)
     common = int((n - num_kept).min().item())
     order = order[:, common:]
-    left_padding = n - num_kept - common
+    left_padding = (n - num_kept[:, 0] - common).astype(first.left_padding.dtype)
     for c in caches:
         gather = order[:, None, :, None]
         c.keys = mx.take_along_axis(c.keys[..., :n, :], gather, axis=2)

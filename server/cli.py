@@ -18,8 +18,10 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(service_main(args[1:]))
     config = load_config(args)
+    from engine.backend import prefer_shape_free_attention
     from engine.blas import reexec_with_blas
 
+    prefer_shape_free_attention()  # before the BLAS re-exec, which passes the environment on
     reexec_with_blas(config.blas)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
