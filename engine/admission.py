@@ -37,6 +37,7 @@ CPU_RAM_FRACTION = 0.7
 GPU_MEMORY_FRACTION = 0.9
 CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 KV_ALLOC_STEP = 256  # mlx_lm.models.cache.KVCache.step
+SPECULATION_MIN_HOLES = 32  # engine.cut_cache compacts a batch once a row holds this many cut positions
 PROBE_TOKENS = 4
 # Transient of one step (see _transient): float32 logits; attention scores in the activation
 # dtype (MLX's portable SDPA materializes heads × chunk × context of them: measured on the CPU);
@@ -159,25 +160,32 @@ def admit(plan: MemoryPlan, prompt_tokens: int, max_tokens: int) -> Admission:
 
 
 def plan_memory(model: Any, *, budget_bytes: int | None, prefill_step_size: int,
-                max_context: int | None, max_running: int = 1, chunk_logits: bool = True) -> MemoryPlan:
+                max_context: int | None, max_running: int = 1, chunk_logits: bool = True,
+                draft_tokens: int = 0) -> MemoryPlan:
     """Measure the loaded model and decide the KV capacity and context limit, or refuse.
 
     `chunk_logits` charges a whole prefill chunk's logits. The runner never evaluates them
     (only the cache state of a chunk is evaluated, so MLX skips the LM head); the default stays
     conservative for a runner that would (prompt logprobs, sampling from a chunk's last row).
+    `draft_tokens` (a speculating server's γ) charges what a speculating row holds beyond its
+    tokens: its drafts before the rejected ones are cut, and cut positions kept as masked holes
+    until compaction (engine.cut_cache: at most max(32, length / 16) a row).
     """
     budget = MemoryBudget(budget_bytes, "--memory-budget") if budget_bytes is not None else default_budget()
     probe = _probe(model)
     kv, shape = probe.kv, probe.shape
     weights = weights_bytes(model)
     fixed = weights + max_running * (kv.per_sequence + kv.step_slack)
+    if draft_tokens:
+        fixed += max_running * (draft_tokens + SPECULATION_MIN_HOLES) * (kv.per_token + kv.window_per_token)
 
     def transient(context: int) -> int:
         return _transient(shape, kv, min(prefill_step_size, max(context, 1)), context, max_running,
                           chunk_logits)
 
     def capacity(context: int) -> int:
-        return _kv_capacity(budget.nbytes - fixed - transient(context), kv, max_running)
+        tokens = _kv_capacity(budget.nbytes - fixed - transient(context), kv, max_running)
+        return tokens * 16 // 17 if draft_tokens else tokens  # holes: up to 1/16 more slots
 
     caps = [c for c in (shape.max_context, max_context) if c]
     hi = min(caps) if caps else capacity(1)

@@ -50,7 +50,8 @@ def make_core(loaded: LoadedModel, counters: Counters, settings: EngineSettings,
         budget -= 2 * weights_bytes(draft.model)  # the draft's weights, and as much again for its KV
     plan = plan_memory(loaded.model, budget_bytes=budget,
                        prefill_step_size=settings.token_budget, max_context=settings.max_context,
-                       max_running=settings.max_running)
+                       max_running=settings.max_running,
+                       draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0)
     print(plan.describe(), flush=True)
     sched = Scheduler(SchedulerConfig(max_running=settings.max_running,
                                       max_prefilling=settings.max_prefilling,

@@ -10,7 +10,8 @@ the attention mask hides. A row's offset (its RoPE position) drops by its whole 
 next token's position follows its last kept token. One holes array (B, positions) serves
 every layer. When a row's holes pass a bound (1/16 of the length, at least 32), the batch is
 compacted once — one gather per layer moves each row's kept positions right-justified — so
-attention never reads more than a few percent of dead positions.
+attention never reads more than a few percent of dead positions (and memory admission charges
+a speculating server for them: engine.admission.plan_memory's draft_tokens).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-MIN_HOLES_TO_COMPACT = 32
+from engine.admission import SPECULATION_MIN_HOLES as MIN_HOLES_TO_COMPACT  # admission charges for them
 
 
 class CutKVCache(BatchKVCache):

@@ -232,19 +232,11 @@ class Scheduler:
             return True
         longest = max([seq.kv_tokens, *(s.kv_tokens for s in self.prefilling),
                        *(s.kv_tokens for s in self.decoding)])
-        return (self.num_active + 1) * self._row_slots(longest) <= cap
+        return (self.num_active + 1) * longest <= cap
 
     def can_ever_fit(self, request: Request) -> bool:
         cap = self.config.kv_capacity_tokens
-        return cap is None or self._row_slots(len(request.prompt_tokens) + request.max_tokens) <= cap
-
-    def _row_slots(self, tokens: int) -> int:
-        """KV slots a row of this many tokens may occupy. A speculating row also writes its drafts
-        before the rejected ones are cut, and cut positions stay as masked holes until the
-        batch is compacted (engine.cut_cache: at most max(32, length // 16) of them)."""
-        if not self.config.draft_tokens:
-            return tokens
-        return tokens + self.config.draft_tokens + max(32, tokens // 16)
+        return cap is None or len(request.prompt_tokens) + request.max_tokens <= cap
 
     def update(self, plan: StepPlan, output: StepOutput) -> list[TokenUpdate]:
         for chunk in plan.prefill:

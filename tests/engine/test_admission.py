@@ -120,6 +120,19 @@ def test_weights_bytes_counts_quantized_weights_packed() -> None:
     assert plan(model).weights_bytes == packed + norms
 
 
+def test_a_speculating_plan_charges_drafts_and_holes(model: llama.Model) -> None:
+    plain = plan(model, 8 * MIB, max_running=4)
+    spec = plan_memory(model, budget_bytes=8 * MIB, prefill_step_size=128, max_context=None, max_running=4,
+                       draft_tokens=3)
+    # Physically a speculating batch may hold its tokens, 1/16 more in holes, and per row its
+    # drafts and 32 more holes: all of it within the budget.
+    held = spec.kv_capacity_tokens * 17 // 16 + 4 * (3 + 32)
+    used = spec.weights_bytes + spec.prefill_transient_bytes + 4 * spec.kv.step_slack
+    assert used + held * spec.kv_bytes_per_token <= spec.budget.nbytes
+    assert spec.kv_capacity_tokens < plain.kv_capacity_tokens
+    assert spec.context_limit <= spec.kv_capacity_tokens
+
+
 def test_plan_fits_its_budget_and_is_tight(model: llama.Model) -> None:
     p = plan(model, 8 * MIB, max_running=4)
     used = p.weights_bytes + p.prefill_transient_bytes + 4 * p.kv.step_slack

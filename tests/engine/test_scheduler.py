@@ -408,19 +408,6 @@ def test_scheduler_can_ever_fit() -> None:
     assert uncapped.can_ever_fit(req("x", prompt_len=100_000, max_tokens=100_000))
 
 
-def test_scheduler_charges_speculating_rows_for_drafts_and_holes() -> None:
-    # A speculating row writes its drafts before the rejected ones are cut, and cut positions
-    # stay as masked holes (up to 32 at this length) until the batch is compacted.
-    plain, _ = make(kv_capacity_tokens=100)
-    spec, _ = make(kv_capacity_tokens=100, draft_tokens=3)
-    for s in (plain, spec):
-        s.add(req("a", prompt_len=10, max_tokens=30))
-        s.add(req("b", prompt_len=10, max_tokens=30))
-    assert plain.schedule().admitted == ("a", "b")
-    assert spec.schedule().admitted == ("a",)  # 2 × (40 + 3 + 32) slots would not fit
-    assert spec.can_ever_fit(req("x", prompt_len=10, max_tokens=55))
-    assert not spec.can_ever_fit(req("x", prompt_len=10, max_tokens=56))
-
 
 # -- waiting queue bound -------------------------------------------------------------------
 
