@@ -15,11 +15,7 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from mlx_lm import load
-
-from bench.speculation import edited, prompts, run
-from engine.backend import prefer_shape_free_attention
-from engine.loader import maybe_dequantize
+from bench.speculation import edited, load_as_served, prompts, run
 from engine.runner import BatchRunner, Speculation
 from engine.types import Request, SamplingParams
 
@@ -32,9 +28,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    prefer_shape_free_attention()  # as the server does
-    model, tokenizer = load(args.model)
-    model = maybe_dequantize(model)
+    model, tokenizer = load_as_served(args.model)
     eos = frozenset(tokenizer.eos_token_ids)
     ids = prompts(tokenizer, 16)
     n = 2 * args.clients

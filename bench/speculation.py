@@ -66,6 +66,17 @@ class Outcome:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+def load_as_served(path: str) -> tuple[Any, Any]:
+    """Model and tokenizer as the server runs them: its attention choice on MLX's CUDA backend
+    (engine.backend) and its weight dtype (engine.loader.maybe_dequantize)."""
+    from engine.backend import prefer_shape_free_attention
+    from engine.loader import maybe_dequantize
+
+    prefer_shape_free_attention()
+    model, tokenizer = load(path)
+    return maybe_dequantize(model), tokenizer
+
+
 def prompts(tokenizer: Any, count: int) -> list[tuple[int, ...]]:
     out = []
     for i in range(count):
@@ -151,19 +162,13 @@ def main() -> None:
     p.add_argument("--agg-runs", type=int, default=1,
                    help="aggregate rounds (plain then every mode); medians of the per-round ratios")
     args = p.parse_args()
-    from engine.backend import prefer_shape_free_attention
-    from engine.loader import maybe_dequantize
-
-    prefer_shape_free_attention()  # as the server does
-
-    model, tokenizer = load(args.model)
-    model = maybe_dequantize(model)
+    model, tokenizer = load_as_served(args.model)
     draft = None
     if args.draft_layers:
         layers = [int(x) for x in args.draft_layers.split(",")]
         args.draft = str(derive_draft(Path(args.model), layers, Path("/tmp/mlx-serve-derived-draft")))
     if args.draft:
-        draft = maybe_dequantize(load(args.draft)[0])
+        draft = load_as_served(args.draft)[0]
     modes = [m for m in args.modes.split(",") if not m.startswith("draft") or draft is not None]
     eos = frozenset(tokenizer.eos_token_ids)
     gammas = [int(g) for g in args.gammas.split(",")]

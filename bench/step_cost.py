@@ -19,15 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm import load
 from mlx_lm.models.cache import BatchKVCache, dynamic_roll
 
+from bench.speculation import load_as_served
+from engine.cut_cache import cut_rows
 from engine.drafting import Draft
-from engine.backend import prefer_shape_free_attention
-from engine.loader import maybe_dequantize
 from engine.runner import BatchRunner
 from engine.scheduler import Scheduler, SchedulerConfig
-from engine.cut_cache import cut_rows
 from engine.types import Request, SamplingParams
 
 
@@ -82,9 +80,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=4)
     p.add_argument("--steps", type=int, default=30)
     args = p.parse_args()
-    prefer_shape_free_attention()  # as the server does
-    model, tokenizer = load(args.model)
-    model = maybe_dequantize(model)
+    model, tokenizer = load_as_served(args.model)
     eos = frozenset(tokenizer.eos_token_ids)
     runner = filled_runner(model, args.rows, args.context, eos)
     gen: Any = runner._gen  # noqa: SLF001 - a diagnostic looks inside

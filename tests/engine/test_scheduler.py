@@ -408,7 +408,6 @@ def test_scheduler_can_ever_fit() -> None:
     assert uncapped.can_ever_fit(req("x", prompt_len=100_000, max_tokens=100_000))
 
 
-
 # -- waiting queue bound -------------------------------------------------------------------
 
 
