@@ -10,7 +10,7 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 smollm_dir() {
   cat ~/gpu-stage/smol.aa ~/gpu-stage/smol.ab .gpu/b/smol.ac > /tmp/smol.gguf
-  python3 -c "from pathlib import Path; from engine.gguf import convert_gguf; print(convert_gguf(Path('/tmp/smol.gguf'), cache_root=Path('/tmp/cache')))"
+  python3 -c "from pathlib import Path; from engine.gguf.convert import convert_gguf; print(convert_gguf(Path('/tmp/smol.gguf'), cache_root=Path('/tmp/cache')))"
 }
 case "$1" in
 load)

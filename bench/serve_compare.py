@@ -32,7 +32,7 @@ OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="mlx-lm model folder, or a .gguf file (needs engine.gguf)")
+    p.add_argument("--model", required=True, help="mlx-lm model folder, or a .gguf file (needs engine.gguf.convert)")
     p.add_argument("--prompt-tokens", type=int, default=None, help="pad prompts to about N tokens")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated client counts")
@@ -70,7 +70,7 @@ def resolve_model(model: str) -> Path:
     if path.suffix != ".gguf":
         return path
     try:
-        from engine.gguf import convert_gguf
+        from engine.gguf.convert import convert_gguf
     except ImportError as exc:
         sys.exit(f"--model {model}: a .gguf needs engine.gguf.convert_gguf ({exc})")
     return Path(convert_gguf(path))

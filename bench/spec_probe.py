@@ -6,7 +6,7 @@ import sys
 import time
 
 from bench.speculation import Request, SamplingParams, Speculation, load, prompts, run
-from engine import speculative as S
+from engine.speculation import verify as S
 from engine.runner import BatchRunner
 
 

@@ -37,7 +37,9 @@ CPU_RAM_FRACTION = 0.7
 GPU_MEMORY_FRACTION = 0.9
 CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 KV_ALLOC_STEP = 256  # mlx_lm.models.cache.KVCache.step
-SPECULATION_MIN_HOLES = 32  # engine.cut_cache compacts a batch once a row holds this many cut positions
+SPECULATION_MIN_HOLES = (
+    32  # engine.speculation.cut_cache compacts a batch once a row holds this many cut positions
+)
 PROBE_TOKENS = 4
 # Transient of one step (see _transient): float32 logits; attention scores in the activation
 # dtype (MLX's portable SDPA materializes heads × chunk × context of them: measured on the CPU);
@@ -49,8 +51,15 @@ TRANSIENT_MARGIN = 1.25
 # A one-token prompt and one generated token: below this, no request can ever be served.
 MIN_CONTEXT_TOKENS = 2
 UNBOUNDED_TOKENS = 1 << 40  # capacity when nothing grows per token (pure state-space models)
-MAX_CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions", "max_seq_len",
-                    "seq_length", "context_length", "n_ctx")
+MAX_CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "max_sequence_length",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "context_length",
+    "n_ctx",
+)
 
 
 class InsufficientMemory(Exception):
@@ -73,8 +82,12 @@ class KvCost:
     per_sequence: int = 0
 
     def __add__(self, other: KvCost) -> KvCost:
-        return KvCost(self.per_token + other.per_token, self.window_per_token + other.window_per_token,
-                      self.window_full + other.window_full, self.per_sequence + other.per_sequence)
+        return KvCost(
+            self.per_token + other.per_token,
+            self.window_per_token + other.window_per_token,
+            self.window_full + other.window_full,
+            self.per_sequence + other.per_sequence,
+        )
 
     @property
     def step_slack(self) -> int:
@@ -119,10 +132,12 @@ class MemoryPlan:
             kv += f" + state {_fmt(self.kv.per_sequence)}/sequence"
         model_max = f"{self.shape.max_context:,}" if self.shape.max_context else "unknown"
         total = "unbounded" if self.kv_capacity_tokens >= UNBOUNDED_TOKENS else f"{self.kv_capacity_tokens:,}"
-        return (f"memory: budget {_fmt(self.budget.nbytes)} ({self.budget.source}) = weights "
-                f"{_fmt(self.weights_bytes)} + prefill transient {_fmt(self.prefill_transient_bytes)} "
-                f"({self.prefill_step_size}-token chunks) + KV {kv} → {total} tokens in all; "
-                f"context {self.context_limit:,} tokens (model: {model_max})")
+        return (
+            f"memory: budget {_fmt(self.budget.nbytes)} ({self.budget.source}) = weights "
+            f"{_fmt(self.weights_bytes)} + prefill transient {_fmt(self.prefill_transient_bytes)} "
+            f"({self.prefill_step_size}-token chunks) + KV {kv} → {total} tokens in all; "
+            f"context {self.context_limit:,} tokens (model: {model_max})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +157,10 @@ class Admission:
         """A `Warning` header value (RFC 7234 code 299) when max_tokens was clamped."""
         if not self.clamped:
             return None
-        return (f'299 - "max_tokens clamped from {self.requested_max_tokens} to {self.max_tokens} '
-                f'to fit the {self.context_limit}-token context"')
+        return (
+            f'299 - "max_tokens clamped from {self.requested_max_tokens} to {self.max_tokens} '
+            f'to fit the {self.context_limit}-token context"'
+        )
 
 
 def admit(plan: MemoryPlan, prompt_tokens: int, max_tokens: int) -> Admission:
@@ -155,13 +172,21 @@ def admit(plan: MemoryPlan, prompt_tokens: int, max_tokens: int) -> Admission:
         raise ContextTooLong(
             f"This model's maximum context length is {limit} tokens, but the prompt has "
             f"{prompt_tokens} tokens (at least {prompt_tokens + 1} are needed to generate one). "
-            "Please shorten the prompt.")
+            "Please shorten the prompt."
+        )
     return Admission(min(max_tokens, limit - prompt_tokens), max_tokens, limit)
 
 
-def plan_memory(model: Any, *, budget_bytes: int | None, prefill_step_size: int,
-                max_context: int | None, max_running: int = 1, chunk_logits: bool = True,
-                draft_tokens: int = 0) -> MemoryPlan:
+def plan_memory(
+    model: Any,
+    *,
+    budget_bytes: int | None,
+    prefill_step_size: int,
+    max_context: int | None,
+    max_running: int = 1,
+    chunk_logits: bool = True,
+    draft_tokens: int = 0,
+) -> MemoryPlan:
     """Measure the loaded model and decide the KV capacity and context limit, or refuse.
 
     `chunk_logits` charges a whole prefill chunk's logits. The runner never evaluates them
@@ -169,7 +194,7 @@ def plan_memory(model: Any, *, budget_bytes: int | None, prefill_step_size: int,
     conservative for a runner that would (prompt logprobs, sampling from a chunk's last row).
     `draft_tokens` (a speculating server's γ) charges what a speculating row holds beyond its
     tokens: its drafts before the rejected ones are cut, and cut positions kept as masked holes
-    until compaction (engine.cut_cache: at most max(32, length / 16) a row).
+    until compaction (engine.speculation.cut_cache: at most max(32, length / 16) a row).
     """
     budget = MemoryBudget(budget_bytes, "--memory-budget") if budget_bytes is not None else default_budget()
     probe = _probe(model)
@@ -180,8 +205,9 @@ def plan_memory(model: Any, *, budget_bytes: int | None, prefill_step_size: int,
         fixed += max_running * (draft_tokens + SPECULATION_MIN_HOLES) * (kv.per_token + kv.window_per_token)
 
     def transient(context: int) -> int:
-        return _transient(shape, kv, min(prefill_step_size, max(context, 1)), context, max_running,
-                          chunk_logits)
+        return _transient(
+            shape, kv, min(prefill_step_size, max(context, 1)), context, max_running, chunk_logits
+        )
 
     def capacity(context: int) -> int:
         tokens = _kv_capacity(budget.nbytes - fixed - transient(context), kv, max_running)
@@ -197,9 +223,19 @@ def plan_memory(model: Any, *, budget_bytes: int | None, prefill_step_size: int,
             f"{_fmt(transient(context))}, and KV {_fmt(kv.per_token + kv.window_per_token)} per token plus "
             f"{_fmt(kv.per_sequence + kv.step_slack)} per sequence × {max_running}; that leaves room for "
             f"{context} tokens of context. Raise --memory-budget, lower --prefill-step-size or "
-            "--decode-concurrency, or use a smaller or quantized model.")
-    return MemoryPlan(budget, weights, kv, shape, prefill_step_size, max_running, transient(context),
-                      capacity(context), context)
+            "--decode-concurrency, or use a smaller or quantized model."
+        )
+    return MemoryPlan(
+        budget,
+        weights,
+        kv,
+        shape,
+        prefill_step_size,
+        max_running,
+        transient(context),
+        capacity(context),
+        context,
+    )
 
 
 def _kv_capacity(free: int, kv: KvCost, rows: int) -> int:
@@ -291,8 +327,10 @@ def _arrays(tree: Any) -> list[Any]:
 
 def _shape(model: Any, vocab: int, act_bytes: int) -> ModelShape:
     hidden = _arg(model, "hidden_size", "d_model", "n_embd", "dim") or 8192
-    inter = max(_arg(model, "intermediate_size", "ffn_dim", "n_inner", "hidden_dim") or 4 * hidden,
-                (_arg(model, "moe_intermediate_size") or 0) * (_arg(model, "num_experts_per_tok") or 1))
+    inter = max(
+        _arg(model, "intermediate_size", "ffn_dim", "n_inner", "hidden_dim") or 4 * hidden,
+        (_arg(model, "moe_intermediate_size") or 0) * (_arg(model, "num_experts_per_tok") or 1),
+    )
     heads = _arg(model, "num_attention_heads", "n_heads", "n_head", "num_heads") or 64
     return ModelShape(hidden, inter, heads, vocab, act_bytes, _arg(model, *MAX_CONTEXT_KEYS))
 
@@ -322,8 +360,10 @@ def default_budget() -> MemoryBudget:
         info = mx.device_info()
         working_set = info.get("max_recommended_working_set_size")
         if isinstance(working_set, int) and working_set > 0:
-            return MemoryBudget(int(GPU_MEMORY_FRACTION * working_set),
-                                f"{GPU_MEMORY_FRACTION:.0%} of Metal's recommended working set")
+            return MemoryBudget(
+                int(GPU_MEMORY_FRACTION * working_set),
+                f"{GPU_MEMORY_FRACTION:.0%} of Metal's recommended working set",
+            )
         total, free = info.get("total_memory"), info.get("free_memory")
         if isinstance(total, int) and total > 0:
             # A shared GPU: what is free now plus what this process already holds.

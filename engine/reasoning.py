@@ -29,12 +29,12 @@ class ReasoningSplitter:
             at = buf.find(marker)
             if at == -1:
                 keep = partial_suffix_len(buf, (marker,))
-                self._held = buf[len(buf) - keep:] if keep else ""
+                self._held = buf[len(buf) - keep :] if keep else ""
                 self._put(out, buf[: len(buf) - keep])
                 return out
             self._put(out, buf[:at])
             self.inside = not self.inside
-            buf = buf[at + len(marker):]
+            buf = buf[at + len(marker) :]
         return out
 
     def close(self) -> list[Delta]:
@@ -64,6 +64,6 @@ def _last(tokens: tuple[int, ...], marker: tuple[int, ...]) -> int:
     if not n:
         return -1
     for i in range(len(tokens) - n, max(len(tokens) - 64, -1), -1):
-        if tokens[i:i + n] == marker:
+        if tokens[i : i + n] == marker:
             return i + n
     return -1

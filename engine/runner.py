@@ -20,7 +20,10 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from engine.admission import weights_bytes
-from engine.drafting import (
+from engine.prefix_cache import PrefixCache
+from engine.sampling import LogitsProcessor, make_row_processors, make_row_sampler
+from engine.scheduler import StepOutput, StepPlan
+from engine.speculation.drafting import (
     TYPICAL_ACCEPTANCE,
     Draft,
     PredictionLookup,
@@ -29,10 +32,7 @@ from engine.drafting import (
     SpeculationGate,
     breakeven_acceptance,
 )
-from engine.prefix_cache import PrefixCache
-from engine.sampling import LogitsProcessor, make_row_processors, make_row_sampler
-from engine.scheduler import StepOutput, StepPlan
-from engine.speculative import DraftRows, can_speculate, empty_batch
+from engine.speculation.verify import DraftRows, can_speculate, empty_batch
 from engine.types import Request
 
 NO_LIMIT = 1 << 40  # the scheduler decides when a row ends, not mlx-lm
@@ -80,8 +80,14 @@ def draft_breakeven(model: Any, draft: Any, k: int) -> tuple[float, float | None
 class BatchRunner:
     """Owns the KV caches and the model calls. Called only from the engine's owner thread."""
 
-    def __init__(self, model: Any, *, prefill_step_size: int = 2048,
-                 prefix_cache: PrefixCache | None = None, speculation: Speculation | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        prefill_step_size: int = 2048,
+        prefix_cache: PrefixCache | None = None,
+        speculation: Speculation | None = None,
+    ) -> None:
         self.model = model
         self.prefill_step_size = prefill_step_size
         self.prefix_cache = prefix_cache
@@ -91,7 +97,9 @@ class BatchRunner:
         draft = self.speculation.draft_model
         loses = draft is not None and draft_breakeven(model, draft, self.speculation.num_draft_tokens)[2]
         self._gate = SpeculationGate(expect_loss=loses)
-        self._last: tuple[bool | None, float] | None = None  # the previous clean step: the gate's call, its end
+        self._last: tuple[bool | None, float] | None = (
+            None  # the previous clean step: the gate's call, its end
+        )
         self._draft_rows = DraftRows(draft, prefill_step_size) if draft is not None else None
         self._draft_debt = 0.0  # seconds of draft prefill not yet charged to speculation
         self._uids = itertools.count()
@@ -102,8 +110,13 @@ class BatchRunner:
         self._gen = empty_batch(model, self._draft_rows)
         self._no_stops = StopSequences()
 
-    def admit(self, request: Request, cache: list[Any] | None = None, num_cached: int = 0,
-              constraint: LogitsProcessor | None = None) -> None:
+    def admit(
+        self,
+        request: Request,
+        cache: list[Any] | None = None,
+        num_cached: int = 0,
+        constraint: LogitsProcessor | None = None,
+    ) -> None:
         """Queue a row for prefill; `constraint` (its grammar) masks its logits after the rest."""
         uid = next(self._uids)
         self._uid_of[request.id], self._seq_of[uid] = uid, request.id
@@ -112,13 +125,17 @@ class BatchRunner:
         if constraint is not None:
             processors.append(constraint)
         self._prompts[request.id] = PromptProcessingBatch(
-            self.model, [uid], [cache if cache is not None else make_prompt_cache(self.model)],
+            self.model,
+            [uid],
+            [cache if cache is not None else make_prompt_cache(self.model)],
             tokens=[list(request.prompt_tokens[:num_cached])],
             prefill_step_size=self.prefill_step_size,
             samplers=[make_row_sampler(request.sampling)],
             fallback_sampler=greedy_sampler,
             logits_processors=[processors],
-            stop_sequences=[self._no_stops], max_tokens=[NO_LIMIT])
+            stop_sequences=[self._no_stops],
+            max_tokens=[NO_LIMIT],
+        )
         if (row := self._row_speculation(request)) is not None:
             self._spec[request.id] = row
 
@@ -130,8 +147,13 @@ class BatchRunner:
         conf, asked = self.speculation, request.num_draft_tokens
         k = conf.num_draft_tokens if asked is None else min(asked, conf.num_draft_tokens)
         if request.prediction:
-            return RowSpeculation(PredictionLookup(request.prediction, len(request.prompt_tokens)), k,
-                                  prediction=True) if k > 0 else None
+            return (
+                RowSpeculation(
+                    PredictionLookup(request.prediction, len(request.prompt_tokens)), k, prediction=True
+                )
+                if k > 0
+                else None
+            )
         if conf.kind is None or k <= 0:
             return None
         return RowSpeculation(None if conf.kind == "draft" else PromptLookup(), k)
@@ -141,7 +163,7 @@ class BatchRunner:
             self._release(plan.release)
             finals: list[tuple[PromptProcessingBatch, list[int]]] = []
             for chunk in plan.prefill:
-                tokens = list(self._requests[chunk.seq_id].prompt_tokens[chunk.start:chunk.end])
+                tokens = list(self._requests[chunk.seq_id].prompt_tokens[chunk.start : chunk.end])
                 batch = self._prompts[chunk.seq_id]
                 if not chunk.final:
                     batch.prompt([tokens])
@@ -159,8 +181,10 @@ class BatchRunner:
             drafts = self._drafts() if allowed else None
             if drafts is None:
                 responses = self._gen.next()
-                out = StepOutput({self._seq_of[r.uid]: r.token for r in responses},
-                                 self._logprobs([(self._seq_of[r.uid], r.token, r.logprobs) for r in responses]))
+                out = StepOutput(
+                    {self._seq_of[r.uid]: r.token for r in responses},
+                    self._logprobs([(self._seq_of[r.uid], r.token, r.logprobs) for r in responses]),
+                )
             else:
                 out = self._speculate(*drafts)
             self._measure(rows, allowed, out, clean=not plan.prefill)
@@ -296,8 +320,12 @@ class BatchRunner:
 
     def reset(self) -> None:
         """Forget every row (after a fault): the next request starts from a clean batch."""
-        self.__init__(self.model, prefill_step_size=self.prefill_step_size,  # type: ignore[misc]
-                      prefix_cache=self.prefix_cache, speculation=self.speculation)
+        self.__init__(
+            self.model,
+            prefill_step_size=self.prefill_step_size,  # type: ignore[misc]
+            prefix_cache=self.prefix_cache,
+            speculation=self.speculation,
+        )
 
     @property
     def num_rows(self) -> int:

@@ -54,7 +54,9 @@ class RowSampler:
             keys.append(nxt)
             subs.append(sub)
         scaled = self._scaled(logprobs)
-        tokens = mx.concatenate([mx.random.categorical(scaled[j:j + 1], key=sub) for j, sub in enumerate(subs)])
+        tokens = mx.concatenate(
+            [mx.random.categorical(scaled[j : j + 1], key=sub) for j, sub in enumerate(subs)]
+        )
 
         def commit(m: int) -> None:
             self._key = keys[m]

@@ -116,11 +116,17 @@ class SchedulerConfig:
 class Scheduler:
     """Decides, step by step, who prefills how much and who decodes. One owner thread."""
 
-    def __init__(self, config: SchedulerConfig, eos_token_ids: frozenset[int],
-                 cached_prefix: Callable[[Request], int] | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        eos_token_ids: frozenset[int],
+        cached_prefix: Callable[[Request], int] | None = None,
+    ) -> None:
         if config.max_running * (1 + config.draft_tokens) > config.token_budget:
-            raise ValueError(f"max_running ({config.max_running}) × (1 + draft tokens {config.draft_tokens}) "
-                             f"exceeds token_budget ({config.token_budget}): decode rows alone would overrun a step")
+            raise ValueError(
+                f"max_running ({config.max_running}) × (1 + draft tokens {config.draft_tokens}) "
+                f"exceeds token_budget ({config.token_budget}): decode rows alone would overrun a step"
+            )
         self.config = config
         self.eos = eos_token_ids
         self.cached_prefix: Callable[[Request], int] = cached_prefix or (lambda _r: 0)
@@ -142,7 +148,8 @@ class Scheduler:
         if not self.can_ever_fit(request):
             raise ContextTooLong(
                 f"the prompt ({len(request.prompt_tokens)} tokens) plus max_tokens ({request.max_tokens}) "
-                f"can never fit the KV budget of {self.config.kv_capacity_tokens} tokens")
+                f"can never fit the KV budget of {self.config.kv_capacity_tokens} tokens"
+            )
         if len(self.waiting) >= self.config.max_waiting:
             raise QueueFull(f"the waiting queue is full ({self.config.max_waiting} requests)")
         seq = Sequence(request, next(self._orders))
@@ -210,9 +217,13 @@ class Scheduler:
     def _admit(self) -> tuple[str, ...]:
         admitted = []
         cfg = self.config
-        while self.waiting and len(self.prefilling) < cfg.max_prefilling \
-                and self.num_active < cfg.max_running and self._fits(self.waiting[0]) \
-                and not self._leader_prefilling(self.waiting[0]):
+        while (
+            self.waiting
+            and len(self.prefilling) < cfg.max_prefilling
+            and self.num_active < cfg.max_running
+            and self._fits(self.waiting[0])
+            and not self._leader_prefilling(self.waiting[0])
+        ):
             seq = self.waiting.popleft()
             seq.state = SeqState.PREFILLING
             seq.num_cached = seq.num_computed = min(self.cached_prefix(seq.request), seq.prompt_len - 1)
@@ -230,8 +241,9 @@ class Scheduler:
         cap = self.config.kv_capacity_tokens
         if cap is None:
             return True
-        longest = max([seq.kv_tokens, *(s.kv_tokens for s in self.prefilling),
-                       *(s.kv_tokens for s in self.decoding)])
+        longest = max(
+            [seq.kv_tokens, *(s.kv_tokens for s in self.prefilling), *(s.kv_tokens for s in self.decoding)]
+        )
         return (self.num_active + 1) * longest <= cap
 
     def can_ever_fit(self, request: Request) -> bool:
@@ -262,8 +274,18 @@ class Scheduler:
             for token, lp in zip(tokens, lps_each):
                 seq.num_generated += 1
                 finish = self._finish_reason(seq, token)
-                updates.append(TokenUpdate(seq_id, token, finish, seq.num_generated, seq.num_cached,
-                                           lp, seq.drafted, seq.accepted))
+                updates.append(
+                    TokenUpdate(
+                        seq_id,
+                        token,
+                        finish,
+                        seq.num_generated,
+                        seq.num_cached,
+                        lp,
+                        seq.drafted,
+                        seq.accepted,
+                    )
+                )
                 if finish is not None:
                     self._retire(seq)
                     break

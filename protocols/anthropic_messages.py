@@ -16,7 +16,7 @@ import orjson
 from msgspec import Meta, Struct
 
 from engine.errors import EngineFailed, InvalidRequest, ServeError
-from engine.json_scan import partial_value
+from engine.tools.json_scan import partial_value
 from engine.types import (
     Delta,
     Finished,
@@ -37,12 +37,22 @@ ID_PREFIX = "msg"
 TOOL_ID_PREFIX = "toolu_"
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 
-_STOP_REASONS = {FinishReason.STOP: "end_turn", FinishReason.LENGTH: "max_tokens",
-                 FinishReason.TOOL_CALLS: "tool_use"}
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-                429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
-                529: "overloaded_error"}
+_STOP_REASONS = {
+    FinishReason.STOP: "end_turn",
+    FinishReason.LENGTH: "max_tokens",
+    FinishReason.TOOL_CALLS: "tool_use",
+}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 # --- request -----------------------------------------------------------------------------------
@@ -85,8 +95,15 @@ class ToolResultBlock(_Block, frozen=True, tag="tool_result"):
     is_error: bool = False
 
 
-ContentBlock = (TextBlock | ImageBlock | DocumentBlock | ThinkingBlock | RedactedThinkingBlock
-                | ToolUseBlock | ToolResultBlock)
+ContentBlock = (
+    TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | ToolUseBlock
+    | ToolResultBlock
+)
 
 
 class InputMessage(Struct, frozen=True):
@@ -233,8 +250,9 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> MessagesJob:
         grammar=grammar,
         forced_tool_calls=forced,
     )
-    return MessagesJob(request, stream=bool(req.stream), model=req.model,
-                       show_thinking=_display(req.thinking) != "omitted")
+    return MessagesJob(
+        request, stream=bool(req.stream), model=req.model, show_thinking=_display(req.thinking) != "omitted"
+    )
 
 
 def count_tokens(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
@@ -268,13 +286,13 @@ def _grammar(req: PromptBody) -> tuple[str | None, bool]:
     name = choice.name if isinstance(choice, ToolChoiceTool) else None
     # `any` may make several calls unless told not to; a named tool makes one.
     parallel = isinstance(choice, ToolChoiceAny) and not choice.disable_parallel_tool_use
-    forced = structured.forced_calls(offered_tools(req), name, isinstance(choice, ToolChoiceAny),
-                                     parallel)
+    forced = structured.forced_calls(offered_tools(req), name, isinstance(choice, ToolChoiceAny), parallel)
     fmt, param = req.output_format, "output_format"
     if req.output_config is not None and req.output_config.format is not None:
         if fmt is not None:
-            raise InvalidRequest("give `output_config.format` or `output_format`, not both",
-                                 param="output_format")
+            raise InvalidRequest(
+                "give `output_config.format` or `output_format`, not both", param="output_format"
+            )
         fmt, param = req.output_config.format, "output_config.format"
     output = None if fmt is None else structured.json_schema(fmt.schema, f"{param}.schema")
     return structured.pick(forced, output, param)
@@ -311,8 +329,9 @@ def template_messages(req: PromptBody) -> list[dict[str, Any]]:
                 _add_block(turns, msg.role, block, f"messages[{i}].content[{j}]")
     if turns.ends_with_assistant:
         # Anthropic's answer for models without prefill: the template cannot continue a turn.
-        raise InvalidRequest("a final assistant message (prefill) is not supported",
-                             param=f"messages[{len(req.messages) - 1}]")
+        raise InvalidRequest(
+            "a final assistant message (prefill) is not supported", param=f"messages[{len(req.messages) - 1}]"
+        )
     return turns.messages()
 
 
@@ -358,11 +377,13 @@ def _template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
     out = []
     for i, tool in enumerate(tools):
         if tool.type not in (None, "custom"):
-            raise InvalidRequest(f"tool type {tool.type!r} is not supported: only custom tools "
-                                 "(name, description, input_schema)", param=f"tools[{i}].type")
+            raise InvalidRequest(
+                f"tool type {tool.type!r} is not supported: only custom tools "
+                "(name, description, input_schema)",
+                param=f"tools[{i}].type",
+            )
         if tool.input_schema is None:
-            raise InvalidRequest("a custom tool needs an `input_schema`",
-                                 param=f"tools[{i}].input_schema")
+            raise InvalidRequest("a custom tool needs an `input_schema`", param=f"tools[{i}].input_schema")
         out.append(conv.function_tool(tool.name, tool.description, tool.input_schema))
     return out
 
@@ -383,11 +404,13 @@ def stop_reason(reason: FinishReason, stop_sequence: str | None) -> str:
 
 def usage_json(usage: Usage) -> dict[str, Any]:
     """Anthropic counts cache reads apart: input + cache_read is the whole prompt."""
-    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": usage.cached_tokens,
-            "output_tokens": usage.completion_tokens,
-            **common.speculation_json(usage)}
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+        **common.speculation_json(usage),
+    }
 
 
 def _message_head(job: Job) -> dict[str, Any]:
@@ -403,8 +426,7 @@ def _tool_input(call: ToolCall) -> dict[str, Any]:
         # reads the same arguments streamed.
         value = partial_value(raw) or {}
     if not isinstance(value, dict):  # the engine's parsers send objects: this is its bug
-        raise EngineFailed(f"the model's call to {call.name!r} has arguments that are not a JSON "
-                           "object")
+        raise EngineFailed(f"the model's call to {call.name!r} has arguments that are not a JSON object")
     return value
 
 
@@ -415,11 +437,17 @@ def message_json(job: MessagesJob, result: Result) -> dict[str, Any]:
         content.append({"type": "thinking", "thinking": thinking, "signature": ""})
     if result.text:
         content.append({"type": "text", "text": result.text})
-    content += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name,
-                 "input": _tool_input(c)} for c in result.tool_calls]
-    return {**_message_head(job), "content": content,
-            "stop_reason": stop_reason(result.finish_reason, result.stop_sequence),
-            "stop_sequence": result.stop_sequence, "usage": usage_json(result.usage)}
+    content += [
+        {"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": _tool_input(c)}
+        for c in result.tool_calls
+    ]
+    return {
+        **_message_head(job),
+        "content": content,
+        "stop_reason": stop_reason(result.finish_reason, result.stop_sequence),
+        "stop_sequence": result.stop_sequence,
+        "usage": usage_json(result.usage),
+    }
 
 
 def error_json(exc: ServeError) -> dict[str, Any]:
@@ -448,14 +476,20 @@ class MessageStream:
 
     def start(self) -> bytes:
         usage = usage_json(Usage(len(self._job.request.prompt_tokens), 0))
-        message = {**_message_head(self._job), "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": usage}
+        message = {
+            **_message_head(self._job),
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage,
+        }
         return conv.event("message_start", {"type": "message_start", "message": message}) + PING
 
     def delta(self, event: Delta, index: int = 0) -> bytes:
         if isinstance(event, ToolCallStart):
-            out = self._begin("tool_use", {"type": "tool_use", "id": tool_use_id(event.id),
-                                           "name": event.name, "input": {}})
+            out = self._begin(
+                "tool_use", {"type": "tool_use", "id": tool_use_id(event.id), "name": event.name, "input": {}}
+            )
             self._tool_blocks[event.index] = self._index
             return out
         if isinstance(event, ToolCallArgsDelta):
@@ -483,12 +517,15 @@ class MessageStream:
         out = self._close()
         self._index += 1
         self._open = kind
-        return out + conv.event("content_block_start", {
-            "type": "content_block_start", "index": self._index, "content_block": block})
+        return out + conv.event(
+            "content_block_start",
+            {"type": "content_block_start", "index": self._index, "content_block": block},
+        )
 
     def _delta(self, index: int, delta: dict[str, Any]) -> bytes:
-        return conv.event("content_block_delta",
-                          {"type": "content_block_delta", "index": index, "delta": delta})
+        return conv.event(
+            "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+        )
 
     def _close(self) -> bytes:
         if self._open is None:
@@ -497,12 +534,17 @@ class MessageStream:
         return conv.event("content_block_stop", {"type": "content_block_stop", "index": self._index})
 
     def finish(self, event: Finished, index: int = 0) -> bytes:
-        delta = {"stop_reason": stop_reason(event.reason, event.stop_sequence),
-                 "stop_sequence": event.stop_sequence}
-        return (self._close()
-                + conv.event("message_delta", {"type": "message_delta", "delta": delta,
-                                               "usage": usage_json(event.usage)})
-                + conv.event("message_stop", {"type": "message_stop"}))
+        delta = {
+            "stop_reason": stop_reason(event.reason, event.stop_sequence),
+            "stop_sequence": event.stop_sequence,
+        }
+        return (
+            self._close()
+            + conv.event(
+                "message_delta", {"type": "message_delta", "delta": delta, "usage": usage_json(event.usage)}
+            )
+            + conv.event("message_stop", {"type": "message_stop"})
+        )
 
     def error(self, exc: ServeError) -> bytes:
         return conv.event("error", error_json(exc))

@@ -43,8 +43,7 @@ def tool_call(call_id: str | None, name: str, arguments: Any) -> dict[str, Any]:
     return out
 
 
-def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None
-                  ) -> dict[str, Any]:
+def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:
     """A tool definition in the shape (and key order) `openai_chat` hands to templates."""
     function: dict[str, Any] = {"name": name}
     if description is not None:
@@ -96,8 +95,7 @@ class TemplateConversation:
         turn["content"] = join_text([turn["content"], text]) if turn["content"] else text
 
     def tool_call(self, call_id: str | None, name: str, arguments: Any) -> None:
-        self._assistant_turn().setdefault("tool_calls", []).append(
-            tool_call(call_id, name, arguments))
+        self._assistant_turn().setdefault("tool_calls", []).append(tool_call(call_id, name, arguments))
 
     def tool_result(self, call_id: str | None, text: str) -> None:
         message: dict[str, Any] = {"role": "tool", "content": text}
@@ -130,9 +128,13 @@ class TemplateConversation:
         return turn
 
 
-def render_prompt(ctx: ProtocolContext, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any],
-                  param: str) -> list[int]:
+def render_prompt(
+    ctx: ProtocolContext,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+    param: str,
+) -> list[int]:
     """Prompt token ids through the model's chat template; its complaints are 400s."""
     kwargs = {**(ctx.defaults.chat_template_args or {}), **template_kwargs}
     try:
@@ -152,8 +154,13 @@ def thinking_kwargs(enabled: bool | None) -> dict[str, Any]:
     return {} if enabled is None else {"enable_thinking": enabled}
 
 
-def sampling(ctx: ProtocolContext, temperature: float | None, top_p: float | None,
-             top_k: int | None = None, min_p: float | None = None) -> SamplingParams:
+def sampling(
+    ctx: ProtocolContext,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+) -> SamplingParams:
     """Request sampling over the server's defaults, in the engine's conventions."""
     d = ctx.defaults
     p = d.top_p if top_p is None else top_p

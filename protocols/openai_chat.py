@@ -64,9 +64,7 @@ class FilePart(_Part, frozen=True, tag="file"):
     pass
 
 
-ContentPart = (
-    TextPart | RefusalPart | ImageUrlPart | InputImagePart | ImagePart | InputAudioPart | FilePart
-)
+ContentPart = TextPart | RefusalPart | ImageUrlPart | InputImagePart | ImagePart | InputAudioPart | FilePart
 _MEDIA_INPUT: dict[type[_Part], str] = {
     ImageUrlPart: "vision",
     InputImagePart: "vision",
@@ -146,8 +144,11 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
     tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
     # reasoning_effort switches a hybrid model's thinking; explicit template kwargs win.
     effort = None if req.reasoning_effort is None else req.reasoning_effort != "none"
-    template_kwargs = {**(ctx.defaults.chat_template_args or {}), **conv.thinking_kwargs(effort),
-                       **(req.chat_template_kwargs or {})}
+    template_kwargs = {
+        **(ctx.defaults.chat_template_args or {}),
+        **conv.thinking_kwargs(effort),
+        **(req.chat_template_kwargs or {}),
+    }
     try:
         ids = ctx.tokenizer.render_chat(messages, tools, template_kwargs)
     except ValueError as exc:
@@ -155,15 +156,15 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
     if not ids:
         raise InvalidRequest("the chat template rendered an empty prompt", param="messages")
     offered = tools if req.tool_choice != "none" else None
-    return common.build_job(req, ids, ctx, ID_PREFIX, offered, common.chat_logprobs(req),
-                            _forced_calls(req, offered))
+    return common.build_job(
+        req, ids, ctx, ID_PREFIX, offered, common.chat_logprobs(req), _forced_calls(req, offered)
+    )
 
 
 def _forced_calls(req: ChatCompletionBody, tools: list[dict[str, Any]] | None) -> str | None:
     choice = req.tool_choice
     name = choice.function.name if isinstance(choice, NamedToolChoice) else None
-    return structured.forced_calls(tools, name, choice == "required",
-                                   req.parallel_tool_calls is not False)
+    return structured.forced_calls(tools, name, choice == "required", req.parallel_tool_calls is not False)
 
 
 def _check_chat_supported(req: ChatCompletionBody) -> None:
@@ -203,8 +204,7 @@ def _flatten(content: str | list[ContentPart] | None, index: int) -> str:
             texts.append(part.refusal)
         else:
             kind = _MEDIA_INPUT[type(part)]
-            raise InvalidRequest(f"this model has no {kind} input",
-                                 param=f"messages[{index}].content[{j}]")
+            raise InvalidRequest(f"this model has no {kind} input", param=f"messages[{index}].content[{j}]")
     return "".join(texts)
 
 
@@ -227,14 +227,23 @@ def _arguments(raw: str | dict[str, Any], path: str) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"tool call arguments are not valid JSON: {exc}",
-                             param=f"{path}.function.arguments") from exc
+        raise InvalidRequest(
+            f"tool call arguments are not valid JSON: {exc}", param=f"{path}.function.arguments"
+        ) from exc
 
 
-def _choice(delta: dict[str, Any], finish_reason: str | None = None, index: int = 0,
-            logprobs: tuple[TokenLogprob, ...] = ()) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": _logprobs(logprobs) if logprobs else None,
-            "finish_reason": finish_reason}
+def _choice(
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+    index: int = 0,
+    logprobs: tuple[TokenLogprob, ...] = (),
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "delta": delta,
+        "logprobs": _logprobs(logprobs) if logprobs else None,
+        "finish_reason": finish_reason,
+    }
 
 
 def _logprobs(entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
@@ -245,17 +254,23 @@ class ChatStream(common.ChunkStream):
     """chat.completion.chunk frames: a role primer, content deltas, a finish chunk."""
 
     def start(self) -> bytes:
-        return b"".join(self.frame(_choice({"role": "assistant", "content": ""}, index=i))
-                        for i in range(self._n))
+        return b"".join(
+            self.frame(_choice({"role": "assistant", "content": ""}, index=i)) for i in range(self._n)
+        )
 
     def delta(self, event: Delta, index: int = 0) -> bytes:
         if isinstance(event, ToolCallStart):  # the call's id and name come first, arguments after
-            call = {"index": event.index, "id": event.id, "type": "function",
-                    "function": {"name": event.name, "arguments": ""}}
+            call = {
+                "index": event.index,
+                "id": event.id,
+                "type": "function",
+                "function": {"name": event.name, "arguments": ""},
+            }
             return self.frame(_choice({"tool_calls": [call]}, index=index))
         if isinstance(event, ReasoningDelta):  # both names clients read reasoning under
-            return self.frame(_choice({"reasoning": event.text, "reasoning_content": event.text},
-                                      index=index))
+            return self.frame(
+                _choice({"reasoning": event.text, "reasoning_content": event.text}, index=index)
+            )
         if isinstance(event, ToolCallArgsDelta):
             call = {"index": event.index, "function": {"arguments": event.arguments}}
             return self.frame(_choice({"tool_calls": [call]}, index=index))
@@ -271,23 +286,31 @@ def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> di
     want = job.request.logprobs is not None
     choices = [_message_choice(i, r, want) for i, r in enumerate(results)]
     usage = common.combined_usage([r.usage for r in results])
-    return {**common.response_head(job, ctx, OBJECT), "choices": choices,
-            "usage": common.usage_json(usage)}
+    return {**common.response_head(job, ctx, OBJECT), "choices": choices, "usage": common.usage_json(usage)}
 
 
 def _message_choice(index: int, result: Result, want_logprobs: bool = False) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": result.text, "refusal": None,
-                               "annotations": []}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": result.text,
+        "refusal": None,
+        "annotations": [],
+    }
     if result.reasoning:
         message["reasoning"] = message["reasoning_content"] = result.reasoning
     if result.tool_calls:
         message["content"] = result.text or None
-        message["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": c.arguments}}
-                                 for c in result.tool_calls]
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in result.tool_calls
+        ]
     logprobs = _logprobs(result.logprobs) if want_logprobs else None
-    return {"index": index, "message": message, "logprobs": logprobs,
-            "finish_reason": result.finish_reason.value}
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": result.finish_reason.value,
+    }
 
 
 class OpenAIChat:

@@ -157,8 +157,9 @@ def _check_model_options(fields: OpenAIFields) -> None:
     if fields.draft_model not in (None, "default_model"):
         raise unsupported("draft_model")
     if fields.num_draft_tokens is not None and not 0 <= fields.num_draft_tokens <= MAX_DRAFT_TOKENS:
-        raise InvalidRequest(f"`num_draft_tokens` must be between 0 and {MAX_DRAFT_TOKENS}",
-                             param="num_draft_tokens")
+        raise InvalidRequest(
+            f"`num_draft_tokens` must be between 0 and {MAX_DRAFT_TOKENS}", param="num_draft_tokens"
+        )
 
 
 MAX_DRAFT_TOKENS = 16
@@ -169,17 +170,21 @@ def prediction_tokens(prediction: Any, ctx: ProtocolContext) -> tuple[int, ...] 
     if prediction is None:
         return None
     if not isinstance(prediction, dict) or prediction.get("type") != "content":
-        raise InvalidRequest("`prediction` must be {\"type\": \"content\", \"content\": ...}",
-                             param="prediction.type")
+        raise InvalidRequest(
+            '`prediction` must be {"type": "content", "content": ...}', param="prediction.type"
+        )
     content = prediction.get("content")
     if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
+        if not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        ):
             raise InvalidRequest("`prediction.content` parts must be text parts", param="prediction.content")
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
-        raise InvalidRequest("`prediction.content` must be a string or a list of text parts",
-                             param="prediction.content")
+        raise InvalidRequest(
+            "`prediction.content` must be a string or a list of text parts", param="prediction.content"
+        )
     return tuple(ctx.tokenizer.encode_continuation(content)) if content else None
 
 
@@ -269,8 +274,12 @@ def _top(n: int, param: str) -> int:
     return n
 
 
-_GUIDES = {"json": structured.json_schema, "regex": structured.regex,
-           "choice": structured.choice, "grammar": structured.grammar}
+_GUIDES = {
+    "json": structured.json_schema,
+    "regex": structured.regex,
+    "choice": structured.choice,
+    "grammar": structured.grammar,
+}
 
 
 def output_grammar(fields: OpenAIFields) -> str | None:
@@ -279,8 +288,10 @@ def output_grammar(fields: OpenAIFields) -> str | None:
     rf = fields.response_format
     if rf is not None and rf.type != "text":
         if rf.type == "json_schema" and rf.json_schema is None:
-            raise InvalidRequest("`response_format` of type 'json_schema' needs `json_schema`",
-                                 param="response_format.json_schema")
+            raise InvalidRequest(
+                "`response_format` of type 'json_schema' needs `json_schema`",
+                param="response_format.json_schema",
+            )
         schema = rf.json_schema.schema if rf.json_schema is not None else None
         param = "response_format.json_schema.schema" if rf.json_schema else "response_format"
         asked.append((param, "json", structured.ANY_OBJECT if schema is None else schema))
@@ -292,14 +303,21 @@ def output_grammar(fields: OpenAIFields) -> str | None:
             asked.append(("structured_outputs.json_object", "json", structured.ANY_OBJECT))
     asked = [a for a in asked if a[2] is not None]
     if len(asked) > 1:
-        raise InvalidRequest(f"`{asked[0][0]}` and `{asked[1][0]}` both constrain the answer; "
-                             "give one", param=asked[1][0])
+        raise InvalidRequest(
+            f"`{asked[0][0]}` and `{asked[1][0]}` both constrain the answer; give one", param=asked[1][0]
+        )
     return _GUIDES[asked[0][1]](asked[0][2], asked[0][0]) if asked else None
 
 
-def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolContext,
-              id_prefix: str, tools: list[dict[str, Any]] | None = None,
-              logprobs: int | None = None, forced_calls: str | None = None) -> Job:
+def build_job(
+    fields: OpenAIFields,
+    prompt_tokens: list[int],
+    ctx: ProtocolContext,
+    id_prefix: str,
+    tools: list[dict[str, Any]] | None = None,
+    logprobs: int | None = None,
+    forced_calls: str | None = None,
+) -> Job:
     """The engine request plus the client's delivery choices; `forced_calls` is the grammar
     of a tool_choice that forces calls."""
     grammar, forced = structured.pick(forced_calls, output_grammar(fields), "response_format")
@@ -316,8 +334,13 @@ def build_job(fields: OpenAIFields, prompt_tokens: list[int], ctx: ProtocolConte
         grammar=grammar,
         forced_tool_calls=forced,
     )
-    return Job(request, stream=bool(fields.stream), include_usage=include_usage(fields),
-               model=fields.model or ctx.model_id, n=fields.n or 1)
+    return Job(
+        request,
+        stream=bool(fields.stream),
+        include_usage=include_usage(fields),
+        model=fields.model or ctx.model_id,
+        n=fields.n or 1,
+    )
 
 
 # --- responses -------------------------------------------------------------------------------
@@ -332,7 +355,9 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "completion_tokens_details": {
             "reasoning_tokens": 0,
             "accepted_prediction_tokens": usage.accepted_tokens if usage.predicted else 0,
-            "rejected_prediction_tokens": usage.drafted_tokens - usage.accepted_tokens if usage.predicted else 0,
+            "rejected_prediction_tokens": usage.drafted_tokens - usage.accepted_tokens
+            if usage.predicted
+            else 0,
         },
         **speculation_json(usage),
     }
@@ -342,8 +367,13 @@ def speculation_json(usage: Usage) -> dict[str, Any]:
     """The `speculation` usage extension, present when the request's tokens were speculated."""
     if not usage.drafted_tokens:
         return {}
-    return {"speculation": {"drafted": usage.drafted_tokens, "accepted": usage.accepted_tokens,
-                            "acceptance_rate": round(usage.accepted_tokens / usage.drafted_tokens, 4)}}
+    return {
+        "speculation": {
+            "drafted": usage.drafted_tokens,
+            "accepted": usage.accepted_tokens,
+            "acceptance_rate": round(usage.accepted_tokens / usage.drafted_tokens, 4),
+        }
+    }
 
 
 def system_fingerprint(model_id: str) -> str:
@@ -387,8 +417,12 @@ def error_body(exc: ServeError) -> bytes:
 
 def token_logprob_json(t: TokenLogprob) -> dict[str, Any]:
     """OpenAI chat's `logprobs.content[]` entry."""
-    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
-            "top_logprobs": [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, v in t.top]}
+    return {
+        "token": t.token,
+        "logprob": t.logprob,
+        "bytes": list(t.token.encode()),
+        "top_logprobs": [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, v in t.top],
+    }
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -398,9 +432,14 @@ def sse(payload: dict[str, Any]) -> bytes:
 def combined_usage(usages: list[Usage]) -> Usage:
     """One call's usage over its choices: the prompt counted once, completions summed."""
     first = usages[0]
-    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), first.cached_tokens,
-                 sum(u.drafted_tokens for u in usages), sum(u.accepted_tokens for u in usages),
-                 first.predicted)
+    return Usage(
+        first.prompt_tokens,
+        sum(u.completion_tokens for u in usages),
+        first.cached_tokens,
+        sum(u.drafted_tokens for u in usages),
+        sum(u.accepted_tokens for u in usages),
+        first.predicted,
+    )
 
 
 class ChunkStream:

@@ -40,8 +40,13 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
     req = common.decode(_DECODER, body)
     common.check_supported(req)
     _check_completion_supported(req)
-    return common.build_job(req, prompt_tokens(req.prompt, ctx.tokenizer), ctx, ID_PREFIX,
-                            logprobs=common.completion_logprobs(req))
+    return common.build_job(
+        req,
+        prompt_tokens(req.prompt, ctx.tokenizer),
+        ctx,
+        ID_PREFIX,
+        logprobs=common.completion_logprobs(req),
+    )
 
 
 def _check_completion_supported(req: CompletionBody) -> None:
@@ -82,15 +87,15 @@ def _checked_ids(ids: list[int], vocab_size: int) -> list[int]:
     for i, token in enumerate(ids):
         if not 0 <= token < vocab_size:
             raise InvalidRequest(
-                f"token id {token} at prompt[{i}] is not in this model's vocabulary "
-                f"(0..{vocab_size - 1})",
+                f"token id {token} at prompt[{i}] is not in this model's vocabulary (0..{vocab_size - 1})",
                 param="prompt",
             )
     return ids
 
 
-def _choice(text: str, finish_reason: str | None = None, index: int = 0,
-            logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+def _choice(
+    text: str, finish_reason: str | None = None, index: int = 0, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -100,8 +105,12 @@ def _legacy_logprobs(entries: tuple[TokenLogprob, ...], offset: int = 0) -> dict
     for t in entries:
         offsets.append(at)
         at += len(t.token)
-    return {"tokens": [t.token for t in entries], "token_logprobs": [t.logprob for t in entries],
-            "top_logprobs": [dict(t.top) for t in entries], "text_offset": offsets}
+    return {
+        "tokens": [t.token for t in entries],
+        "token_logprobs": [t.logprob for t in entries],
+        "top_logprobs": [dict(t.top) for t in entries],
+        "text_offset": offsets,
+    }
 
 
 class CompletionStream(common.ChunkStream):
@@ -122,11 +131,12 @@ class CompletionStream(common.ChunkStream):
 
 def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> dict[str, Any]:
     want = job.request.logprobs is not None
-    choices = [_choice(r.text, r.finish_reason.value, i, _legacy_logprobs(r.logprobs) if want else None)
-               for i, r in enumerate(results)]
+    choices = [
+        _choice(r.text, r.finish_reason.value, i, _legacy_logprobs(r.logprobs) if want else None)
+        for i, r in enumerate(results)
+    ]
     usage = common.combined_usage([r.usage for r in results])
-    return {**common.response_head(job, ctx, OBJECT), "choices": choices,
-            "usage": common.usage_json(usage)}
+    return {**common.response_head(job, ctx, OBJECT), "choices": choices, "usage": common.usage_json(usage)}
 
 
 class OpenAICompletions:

@@ -75,8 +75,7 @@ class InputAudio(_Part, frozen=True, tag="input_audio"):
 
 
 Part = InputText | OutputText | Refusal | InputImage | InputFile | InputAudio
-_MEDIA_INPUT: dict[type[_Part], str] = {InputImage: "vision", InputFile: "file",
-                                         InputAudio: "audio"}
+_MEDIA_INPUT: dict[type[_Part], str] = {InputImage: "vision", InputFile: "file", InputAudio: "audio"}
 
 
 class _Item(Struct, frozen=True, tag_field="type"):
@@ -210,21 +209,20 @@ class ResponsesStore:
     shares its earlier items with the response it continues, so `size` counts what is new.
     """
 
-    def __init__(self, ttl_s: float = 3600.0, max_bytes: int = 256 * MIB,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, ttl_s: float = 3600.0, max_bytes: int = 256 * MIB, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self._clock = clock
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
         self.bytes_used = 0
 
-    def put(self, response_id: str, body: bytes, conversation: tuple[InputItem, ...],
-            size: int) -> None:
+    def put(self, response_id: str, body: bytes, conversation: tuple[InputItem, ...], size: int) -> None:
         if size > self.max_bytes:
             return
         self.delete(response_id)
-        self._entries[response_id] = StoredResponse(body, conversation, size,
-                                                    self._clock() + self.ttl_s)
+        self._entries[response_id] = StoredResponse(body, conversation, size, self._clock() + self.ttl_s)
         self.bytes_used += size
         self._evict()
 
@@ -281,8 +279,7 @@ def _item(raw: dict[str, Any], path: str) -> InputItem:
         message = str(exc)
         at = f"`$.{path}"
         message = message.replace("`$", at) if " - at `$" in message else f"{message} - at {at}`"
-        raise InvalidRequest(f"invalid request: {message}",
-                             param=common.error_param(message)) from exc
+        raise InvalidRequest(f"invalid request: {message}", param=common.error_param(message)) from exc
 
 
 def as_item(raw: dict[str, Any]) -> InputItem:
@@ -290,8 +287,9 @@ def as_item(raw: dict[str, Any]) -> InputItem:
     return item
 
 
-def template_messages(instructions: str | None, items: tuple[InputItem, ...],
-                      first_new: int = 0) -> list[dict[str, Any]]:
+def template_messages(
+    instructions: str | None, items: tuple[InputItem, ...], first_new: int = 0
+) -> list[dict[str, Any]]:
     """Instructions plus the conversation as chat-template message dicts."""
     turns = TemplateConversation()
     if instructions:
@@ -346,8 +344,9 @@ def _template_tools(req: ResponsesBody) -> list[dict[str, Any]] | None:
     out = []
     for i, tool in enumerate(req.tools):
         if tool.type != "function":
-            raise InvalidRequest(f"tool type {tool.type!r} is not supported: only function tools",
-                                 param=f"tools[{i}].type")
+            raise InvalidRequest(
+                f"tool type {tool.type!r} is not supported: only function tools", param=f"tools[{i}].type"
+            )
         if tool.name is None:
             raise InvalidRequest("a function tool needs a `name`", param=f"tools[{i}].name")
         out.append(conv.function_tool(tool.name, tool.description, tool.parameters))
@@ -359,8 +358,7 @@ def _grammar(req: ResponsesBody, tools: list[dict[str, Any]] | None) -> tuple[st
     forces tool calls."""
     choice = req.tool_choice
     name = choice.name if isinstance(choice, FunctionChoice) else None
-    forced = structured.forced_calls(tools, name, choice == "required",
-                                     req.parallel_tool_calls is not False)
+    forced = structured.forced_calls(tools, name, choice == "required", req.parallel_tool_calls is not False)
     fmt = req.text.format if req.text is not None else None
     output = None
     if fmt is not None and fmt.type != "text":  # json_object: any object, whatever `schema` says
@@ -379,8 +377,16 @@ def _echo(req: ResponsesBody, request: Request) -> dict[str, Any]:
     """The request's settings as the response object repeats them, with defaults applied."""
     reasoning = req.reasoning or ReasoningConfig()
     fmt = req.text.format if req.text else None
-    tools = [{"type": "function", "name": t.name, "description": t.description,
-              "parameters": t.parameters, "strict": t.strict} for t in req.tools or ()]
+    tools = [
+        {
+            "type": "function",
+            "name": t.name,
+            "description": t.description,
+            "parameters": t.parameters,
+            "strict": t.strict,
+        }
+        for t in req.tools or ()
+    ]
     return {
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
@@ -391,8 +397,10 @@ def _echo(req: ResponsesBody, request: Request) -> dict[str, Any]:
         "service_tier": "default",
         "store": req.store is not False,
         "temperature": request.sampling.temperature,
-        "text": {"format": msgspec.to_builtins(fmt) if fmt else {"type": "text"},
-                 "verbosity": (req.text.verbosity if req.text else None) or "medium"},
+        "text": {
+            "format": msgspec.to_builtins(fmt) if fmt else {"type": "text"},
+            "verbosity": (req.text.verbosity if req.text else None) or "medium",
+        },
         "tool_choice": msgspec.to_builtins(req.tool_choice or "auto"),
         "tools": tools,
         "top_logprobs": 0,
@@ -409,12 +417,14 @@ def _echo(req: ResponsesBody, request: Request) -> dict[str, Any]:
 def usage_json(usage: Usage) -> dict[str, Any]:
     # The engine's Usage gains reasoning_tokens with reasoning support; until then it is 0.
     reasoning_tokens = int(getattr(usage, "reasoning_tokens", 0))
-    return {"input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
-            "output_tokens": usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-            "total_tokens": usage.total_tokens,
-            **common.speculation_json(usage)}
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+        **common.speculation_json(usage),
+    }
 
 
 def text_part(text: str) -> dict[str, Any]:
@@ -423,20 +433,23 @@ def text_part(text: str) -> dict[str, Any]:
 
 def message_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
     content = [] if text is None else [text_part(text)]
-    return {"id": item_id, "type": "message", "status": status, "content": content,
-            "role": "assistant"}
+    return {"id": item_id, "type": "message", "status": status, "content": content, "role": "assistant"}
 
 
 def reasoning_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
     content = [] if text is None else [{"type": "reasoning_text", "text": text}]
-    return {"id": item_id, "type": "reasoning", "summary": [], "content": content,
-            "status": status}
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
 
 
-def call_item(item_id: str, status: str, call_id: str, name: str, arguments: str
-              ) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "arguments": arguments,
-            "call_id": call_id, "name": name}
+def call_item(item_id: str, status: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "arguments": arguments,
+        "call_id": call_id,
+        "name": name,
+    }
 
 
 def output_items(result: Result) -> list[dict[str, Any]]:
@@ -446,22 +459,32 @@ def output_items(result: Result) -> list[dict[str, Any]]:
         out.append(reasoning_item(conv.new_id("rs"), "completed", result.reasoning))
     if result.text:
         out.append(message_item(conv.new_id("msg"), "completed", result.text))
-    out += [call_item(conv.new_id("fc"), "completed", c.id, c.name, c.arguments)
-            for c in result.tool_calls]
+    out += [call_item(conv.new_id("fc"), "completed", c.id, c.name, c.arguments) for c in result.tool_calls]
     if out and result.finish_reason is FinishReason.LENGTH:
         out[-1]["status"] = "incomplete"
     return out
 
 
-def response_json(job: ResponsesJob, ctx: ProtocolContext, status: str,
-                  output: list[dict[str, Any]], usage: Usage | None = None,
-                  error: dict[str, Any] | None = None) -> dict[str, Any]:
+def response_json(
+    job: ResponsesJob,
+    ctx: ProtocolContext,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: Usage | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {
-        "id": job.request.id, "object": "response", "created_at": ctx.created, "status": status,
+        "id": job.request.id,
+        "object": "response",
+        "created_at": ctx.created,
+        "status": status,
         "background": False,
         "completed_at": int(time.time()) if status == "completed" else None,
-        "error": error, "incomplete_details": incomplete, "model": job.model, "output": output,
+        "error": error,
+        "incomplete_details": incomplete,
+        "model": job.model,
+        "output": output,
         **job.echo,
         "usage": None if usage is None else usage_json(usage),
     }
@@ -521,8 +544,9 @@ class ResponseStream:
 
     def start(self) -> bytes:
         response = response_json(self._job, self._ctx, "in_progress", [])
-        return (self._emit("response.created", response=response)
-                + self._emit("response.in_progress", response=response))
+        return self._emit("response.created", response=response) + self._emit(
+            "response.in_progress", response=response
+        )
 
     def delta(self, event: Delta, index: int = 0) -> bytes:
         if isinstance(event, TextDelta | ReasoningDelta):
@@ -540,37 +564,40 @@ class ResponseStream:
         item = self._open = _OpenItem(kind, conv.new_id("msg" if kind == "message" else "rs"))
         make = message_item if kind == "message" else reasoning_item
         part = text_part("") if kind == "message" else {"type": "reasoning_text", "text": ""}
-        return (out
-                + self._emit("response.output_item.added", output_index=len(self._output),
-                             item=make(item.item_id, "in_progress", None))
-                + self._emit("response.content_part.added", **self._at(item), content_index=0,
-                             part=part))
+        return (
+            out
+            + self._emit(
+                "response.output_item.added",
+                output_index=len(self._output),
+                item=make(item.item_id, "in_progress", None),
+            )
+            + self._emit("response.content_part.added", **self._at(item), content_index=0, part=part)
+        )
 
     def _text(self, text: str) -> bytes:
         item = self._open
         assert item is not None
         item.pieces.append(text)
         if item.kind == "message":
-            return self._emit("response.output_text.delta", **self._at(item), content_index=0,
-                              delta=text, logprobs=[])
-        return self._emit("response.reasoning_text.delta", **self._at(item), content_index=0,
-                          delta=text)
+            return self._emit(
+                "response.output_text.delta", **self._at(item), content_index=0, delta=text, logprobs=[]
+            )
+        return self._emit("response.reasoning_text.delta", **self._at(item), content_index=0, delta=text)
 
     def _begin_call(self, event: ToolCallStart) -> bytes:
         out = self._close("completed")
-        item = self._open = _OpenItem("function_call", conv.new_id("fc"), call_index=event.index,
-                                      call_id=event.id, name=event.name)
+        item = self._open = _OpenItem(
+            "function_call", conv.new_id("fc"), call_index=event.index, call_id=event.id, name=event.name
+        )
         added = call_item(item.item_id, "in_progress", item.call_id, item.name, "")
-        return out + self._emit("response.output_item.added", output_index=len(self._output),
-                                 item=added)
+        return out + self._emit("response.output_item.added", output_index=len(self._output), item=added)
 
     def _call_args(self, event: ToolCallArgsDelta) -> bytes:
         item = self._open
         if item is None or item.call_index != event.index or not event.arguments:
             return b""
         item.pieces.append(event.arguments)
-        return self._emit("response.function_call_arguments.delta", **self._at(item),
-                          delta=event.arguments)
+        return self._emit("response.function_call_arguments.delta", **self._at(item), delta=event.arguments)
 
     def _close(self, status: str) -> bytes:
         item, self._open = self._open, None
@@ -581,15 +608,17 @@ class ResponseStream:
             out = self._emit("response.function_call_arguments.done", **at, arguments=text)
             done = call_item(item.item_id, status, item.call_id, item.name, text)
         elif item.kind == "message":
-            out = (self._emit("response.output_text.done", **at, content_index=0, text=text,
-                              logprobs=[])
-                   + self._emit("response.content_part.done", **at, content_index=0,
-                                part=text_part(text)))
+            out = self._emit(
+                "response.output_text.done", **at, content_index=0, text=text, logprobs=[]
+            ) + self._emit("response.content_part.done", **at, content_index=0, part=text_part(text))
             done = message_item(item.item_id, status, text)
         else:
-            out = (self._emit("response.reasoning_text.done", **at, content_index=0, text=text)
-                   + self._emit("response.content_part.done", **at, content_index=0,
-                                part={"type": "reasoning_text", "text": text}))
+            out = self._emit("response.reasoning_text.done", **at, content_index=0, text=text) + self._emit(
+                "response.content_part.done",
+                **at,
+                content_index=0,
+                part={"type": "reasoning_text", "text": text},
+            )
             done = reasoning_item(item.item_id, status, text)
         out += self._emit("response.output_item.done", output_index=len(self._output), item=done)
         self._output.append(done)
@@ -604,8 +633,7 @@ class ResponseStream:
 
     def error(self, exc: ServeError) -> bytes:
         out = self._close("incomplete")
-        response = response_json(self._job, self._ctx, "failed", self._output,
-                                 error=failure_json(exc))
+        response = response_json(self._job, self._ctx, "failed", self._output, error=failure_json(exc))
         return out + self._emit("response.failed", response=response)
 
     def heartbeat(self) -> bytes:
@@ -653,17 +681,24 @@ class OpenAIResponses:
             grammar=grammar,
             forced_tool_calls=forced,
         )
-        return ResponsesJob(request, stream=bool(req.stream), model=req.model or ctx.model_id,
-                            echo=_echo(req, request), history=history, new_input=new_input,
-                            store=req.store is not False)
+        return ResponsesJob(
+            request,
+            stream=bool(req.stream),
+            model=req.model or ctx.model_id,
+            echo=_echo(req, request),
+            history=history,
+            new_input=new_input,
+            store=req.store is not False,
+        )
 
     def _history(self, previous_id: str | None) -> tuple[InputItem, ...]:
         if previous_id is None:
             return ()
         stored = self.store.get(previous_id)
         if stored is None:
-            raise NotFound(f"Previous response with id '{previous_id}' not found.",
-                           param="previous_response_id")
+            raise NotFound(
+                f"Previous response with id '{previous_id}' not found.", param="previous_response_id"
+            )
         return stored.conversation
 
     def renderer(self, job: Job, ctx: ProtocolContext) -> ResponseStream:
@@ -675,8 +710,7 @@ class OpenAIResponses:
         status = finished_status(result.finish_reason)
         return self.remember(own, response_json(own, ctx, status, output, result.usage), output)
 
-    def remember(self, job: ResponsesJob, response: dict[str, Any],
-                 output: list[dict[str, Any]]) -> bytes:
+    def remember(self, job: ResponsesJob, response: dict[str, Any], output: list[dict[str, Any]]) -> bytes:
         """The response's JSON, kept in the store first when the client asked (the default)."""
         body = orjson.dumps(response)
         if job.store:
@@ -703,8 +737,7 @@ class OpenAIResponses:
         """DELETE /v1/responses/{id}: (status, JSON body)."""
         if not self.store.delete(response_id):
             return _not_found(response_id)
-        return 200, orjson.dumps({"id": response_id, "object": "response.deleted",
-                                  "deleted": True})
+        return 200, orjson.dumps({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
 def _not_found(response_id: str) -> tuple[int, bytes]:

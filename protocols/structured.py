@@ -21,7 +21,7 @@ from typing import Any
 from llguidance import LLMatcher, grammar_from
 
 from engine.errors import InvalidRequest
-from engine.tool_formats import HERMES
+from engine.tools.formats import HERMES
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -48,8 +48,7 @@ def json_schema(schema: Any, param: str) -> str:
             raise InvalidRequest(f"invalid JSON schema: not JSON: {exc}", param=param) from exc
     if not isinstance(schema, dict | bool):
         raise InvalidRequest("a JSON schema must be an object", param=param)
-    return checked(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE), param,
-                   "JSON schema")
+    return checked(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE), param, "JSON schema")
 
 
 def regex(pattern: str, param: str) -> str:
@@ -60,8 +59,9 @@ def choice(options: Sequence[str], param: str) -> str:
     """Exactly one of `options`, verbatim."""
     if not options or not all(isinstance(o, str) for o in options):
         raise InvalidRequest("a choice needs a non-empty list of strings", param=param)
-    return checked(LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, options))),
-                   param, "choice")
+    return checked(
+        LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, options))), param, "choice"
+    )
 
 
 def grammar(text: str, param: str) -> str:
@@ -73,8 +73,9 @@ def grammar(text: str, param: str) -> str:
     return checked(compiled, param, "grammar")
 
 
-def forced_calls(tools: Sequence[dict[str, Any]] | None, name: str | None, required: bool,
-                 parallel: bool) -> str | None:
+def forced_calls(
+    tools: Sequence[dict[str, Any]] | None, name: str | None, required: bool, parallel: bool
+) -> str | None:
     """The grammar of a tool_choice that forces calls, or None when it does not: only calls to
     the function `name` (exactly one), or to any of `tools` when `required` (with `parallel`,
     one or more). `tools` are OpenAI-shaped: {"function": {"name", "parameters"}}."""
@@ -86,29 +87,34 @@ def forced_calls(tools: Sequence[dict[str, Any]] | None, name: str | None, requi
         functions = [f for f in functions if f["name"] == name]
         if not functions:
             offered = ", ".join(repr(t["function"]["name"]) for t in tools)
-            raise InvalidRequest(f"`tool_choice` names the function {name!r}, which is not "
-                                 f"among the tools offered ({offered or 'none'})",
-                                 param="tool_choice")
+            raise InvalidRequest(
+                f"`tool_choice` names the function {name!r}, which is not "
+                f"among the tools offered ({offered or 'none'})",
+                param="tool_choice",
+            )
     if not functions:
-        raise InvalidRequest("`tool_choice` forces a tool call but no tools are offered",
-                             param="tool_choice")
+        raise InvalidRequest("`tool_choice` forces a tool call but no tools are offered", param="tool_choice")
     rules = [_call_rule(i, f) for i, f in enumerate(functions)]
     # Calls follow one another directly: anything between them would reach the client as text.
     repeat = "+" if parallel and name is None else ""
-    lark = "\n".join([
-        f"start: call{repeat}",
-        f"call: {json.dumps(HERMES.start + chr(10))} body {json.dumps(chr(10) + HERMES.end)}",
-        "body: " + " | ".join(f"call_{i}" for i in range(len(rules))),
-        *rules,
-    ])
+    lark = "\n".join(
+        [
+            f"start: call{repeat}",
+            f"call: {json.dumps(HERMES.start + chr(10))} body {json.dumps(chr(10) + HERMES.end)}",
+            "body: " + " | ".join(f"call_{i}" for i in range(len(rules))),
+            *rules,
+        ]
+    )
     return checked(LLMatcher.grammar_from_lark(lark), "tools", "tool parameters schema")
 
 
 def pick(calls: str | None, output: str | None, param: str) -> tuple[str | None, bool]:
     """The one grammar a request follows, and whether it is one that forces tool calls."""
     if calls is not None and output is not None:
-        raise InvalidRequest("a `tool_choice` that forces a tool call cannot be combined with a "
-                             "structured output format", param=param)
+        raise InvalidRequest(
+            "a `tool_choice` that forces a tool call cannot be combined with a structured output format",
+            param=param,
+        )
     return (calls, True) if calls is not None else (output, False)
 
 
@@ -116,4 +122,4 @@ def _call_rule(i: int, function: dict[str, Any]) -> str:
     head = '{"name": ' + json.dumps(function["name"], ensure_ascii=False) + ', "arguments": '
     parameters = function.get("parameters") or NO_PARAMETERS
     schema = {**parameters, "x-guidance": {**JSON_STYLE, **parameters.get("x-guidance", {})}}
-    return f"call_{i}: {json.dumps(head)} %json {json.dumps(schema)} \"}}\""
+    return f'call_{i}: {json.dumps(head)} %json {json.dumps(schema)} "}}"'

@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import orjson
 
-from engine.engine import Engine, EngineState
 from engine.errors import (
     EngineUnavailable,
     MethodNotAllowed,
@@ -18,12 +17,13 @@ from engine.errors import (
     QueueFull,
     ServeError,
 )
+from engine.thread import Engine, EngineState
 from engine.tokenizer import ChatTokenizer
+from engine.types import Request
 from protocols import anthropic_messages, openai_chat, openai_completions, openai_responses
 from server.config import Config
-from engine.types import Request
-from server.types import Defaults, Job, ProtocolContext, Receive, Scope, Send, WireFormat
 from server.observe import record_of
+from server.types import Defaults, Job, ProtocolContext, Receive, Scope, Send, WireFormat
 from server.writer import collect, send_json, stream_sse
 
 log = logging.getLogger("mlx_serve.http")
@@ -109,8 +109,10 @@ class App:
         if state is EngineState.READY:
             await send_json(send, 200, b'{"status":"ok"}')
             return
-        body = {"status": "loading" if state is EngineState.LOADING else "unavailable",
-                "error": self.engine.error}
+        body = {
+            "status": "loading" if state is EngineState.LOADING else "unavailable",
+            "error": self.engine.error,
+        }
         await send_json(send, 503, orjson.dumps(body))
 
     def _model_card(self) -> dict[str, object]:
@@ -190,10 +192,12 @@ class App:
         origin = dict(scope.get("headers", [])).get(b"origin", b"").decode("latin-1")
         if not allowed or not origin or not ("*" in allowed or origin in allowed):
             return send
-        cors = [(b"access-control-allow-origin", origin.encode("latin-1")),
-                (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
-                (b"access-control-allow-headers", b"authorization, content-type, x-api-key"),
-                (b"vary", b"origin")]
+        cors = [
+            (b"access-control-allow-origin", origin.encode("latin-1")),
+            (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+            (b"access-control-allow-headers", b"authorization, content-type, x-api-key"),
+            (b"vary", b"origin"),
+        ]
 
         async def cors_send(message: dict) -> None:  # type: ignore[type-arg]
             if message["type"] == "http.response.start":

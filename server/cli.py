@@ -31,22 +31,24 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def engine_settings(config: Config) -> Any:
-    from engine.assemble import EngineSettings
+    from engine.build import EngineSettings
 
-    return EngineSettings(max_running=min(config.decode_concurrency, config.prefill_step_size),
-                          max_prefilling=config.prompt_concurrency,
-                          token_budget=config.prefill_step_size,
-                          max_waiting=config.max_queue,
-                          prompt_cache_size=config.prompt_cache_size,
-                          prompt_cache_bytes=config.prompt_cache_bytes,
-                          seed=config.seed,
-                          memory_budget_bytes=config.memory_budget_bytes,
-                          max_context=config.max_context,
-                          draft_kind=config.draft_kind,
-                          num_draft_tokens=config.num_draft_tokens,
-                          speculation_gated=config.speculation_gate == "auto",
-                          draft_spec=draft_spec(config),
-                          tool_call_parser=config.tool_call_parser)
+    return EngineSettings(
+        max_running=min(config.decode_concurrency, config.prefill_step_size),
+        max_prefilling=config.prompt_concurrency,
+        token_budget=config.prefill_step_size,
+        max_waiting=config.max_queue,
+        prompt_cache_size=config.prompt_cache_size,
+        prompt_cache_bytes=config.prompt_cache_bytes,
+        seed=config.seed,
+        memory_budget_bytes=config.memory_budget_bytes,
+        max_context=config.max_context,
+        draft_kind=config.draft_kind,
+        num_draft_tokens=config.num_draft_tokens,
+        speculation_gated=config.speculation_gate == "auto",
+        draft_spec=draft_spec(config),
+        tool_call_parser=config.tool_call_parser,
+    )
 
 
 def draft_spec(config: Config) -> Any:
@@ -54,24 +56,29 @@ def draft_spec(config: Config) -> Any:
 
     if not config.draft_model:
         return None
-    return prepare(config.draft_model, trust_remote_code=config.trust_remote_code,
-                   dequantize=config.dequantize)
+    return prepare(
+        config.draft_model, trust_remote_code=config.trust_remote_code, dequantize=config.dequantize
+    )
 
 
 def model_spec(config: Config) -> Any:
     from engine.loader import prepare
 
-    return prepare(config.model, adapter_path=config.adapter_path,
-                   chat_template=config.chat_template, trust_remote_code=config.trust_remote_code,
-                   dequantize=config.dequantize)
+    return prepare(
+        config.model,
+        adapter_path=config.adapter_path,
+        chat_template=config.chat_template,
+        trust_remote_code=config.trust_remote_code,
+        dequantize=config.dequantize,
+    )
 
 
 def build_engine(config: Config) -> Any:
     """A child-process engine (the default) or one on a thread of this process."""
-    from engine.assemble import load_and_build, load_draft, make_core
-    from engine.engine import Engine
+    from engine.build import load_and_build, load_draft, make_core
     from engine.loader import LoadedModel, load_model, load_tokenizer
     from engine.process import ProcessEngine
+    from engine.thread import Engine
 
     settings = engine_settings(config)
     if config.engine == "thread":
@@ -85,14 +92,17 @@ def build_engine(config: Config) -> Any:
                 holder["draft"] = load_draft(loaded, settings.draft_spec)
             return loaded
 
-        return Engine(load, lambda loaded, counters: make_core(loaded, counters, settings,
-                                                                holder.get("adapter"), holder.get("draft")),
-                      capacity=settings.capacity)
+        return Engine(
+            load,
+            lambda loaded, counters: make_core(
+                loaded, counters, settings, holder.get("adapter"), holder.get("draft")
+            ),
+            capacity=settings.capacity,
+        )
 
     def prepare() -> tuple[Any, tuple[Any, ...]]:
         spec = model_spec(config)
-        view = LoadedModel(model=None, tokenizer=load_tokenizer(spec), model_id=spec.model_id,
-                           path=spec.path)
+        view = LoadedModel(model=None, tokenizer=load_tokenizer(spec), model_id=spec.model_id, path=spec.path)
         return view, (load_and_build, (spec, settings))
 
     return ProcessEngine(prepare, capacity=settings.capacity)
@@ -105,10 +115,14 @@ def _url_host(host: str) -> str:
 def greeting(config: Config) -> str:
     scheme = "https" if config.certfile else "http"
     url = f"{scheme}://{_url_host(config.host)}:{config.port}"
-    example = (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
-               "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'")
-    return (f"mlx-serve: listening on {url} (OpenAI base URL {url}/v1); "
-            f"/health is 503 until the model is ready\n  try: {example}")
+    example = (
+        f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+        '-d \'{"messages":[{"role":"user","content":"Hello!"}]}\''
+    )
+    return (
+        f"mlx-serve: listening on {url} (OpenAI base URL {url}/v1); "
+        f"/health is 503 until the model is ready\n  try: {example}"
+    )
 
 
 async def serve(config: Config) -> None:
@@ -175,8 +189,9 @@ def serving_stack(app: Any, engine: Any, config: Config, drain: Any) -> tuple[An
     except KeyFileError as exc:
         raise SystemExit(f"mlx-serve: {exc}") from exc
     if not keys and config.host not in ("127.0.0.1", "localhost", "::1"):
-        logging.getLogger("mlx_serve").warning("listening on %s without an API key (--api-key-file)",
-                                               config.host)
+        logging.getLogger("mlx_serve").warning(
+            "listening on %s without an API key (--api-key-file)", config.host
+        )
     metrics = Metrics(in_flight=drain.__len__)
     trace = TraceWriter(config.trace) if config.trace else None
     inner = AuthMiddleware(MetricsEndpoint(app, metrics, engine), keys, open_paths(config))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.tool_formats import parser_names
+from engine.tools.formats import parser_names
 
 SECONDS = 1.0
 MIB = 1 << 20
@@ -120,19 +120,29 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prompt-concurrency", type=int, help="prompts prefilled together (8)")
     a("--prefill-step-size", type=int, help="prefill chunk in tokens, and the per-step token budget (2048)")
     a("--max-queue", type=int, help="requests allowed to wait for a batch slot before 429 (64)")
-    a("--memory-budget", dest="memory_budget_bytes", type=_parse_size,
-      help="bytes for weights + KV + prefill, e.g. 12G (default: 70%% of RAM on a CPU, 90%% of GPU memory)")
+    a(
+        "--memory-budget",
+        dest="memory_budget_bytes",
+        type=_parse_size,
+        help="bytes for weights + KV + prefill, e.g. 12G (default: 70%% of RAM on a CPU, 90%% of GPU memory)",
+    )
     a("--max-context", type=int, help="cap on prompt + max_tokens per request (default: what fits)")
     a("--prompt-cache-size", type=int, help="max prompt-cache entries (10)")
     a("--prompt-cache-bytes", type=_parse_size, help="max prompt-cache bytes, e.g. 4G")
     a("--draft-model", help="draft model for speculative decoding (same tokenizer as --model)")
     a("--num-draft-tokens", type=int, help="draft tokens verified per step, 1-16 (3)")
-    a("--draft-kind", choices=DRAFT_KINDS,
-      help="speculative decoding drafter: ngram (prompt lookup, no second model) or draft "
-           "(--draft-model; implied by it). Default: off")
-    a("--speculation-gate", choices=SPECULATION_GATES,
-      help="auto: speculate at a batch size only while it measures faster than plain decoding; "
-           "off: speculate on every step where a row has drafts (auto)")
+    a(
+        "--draft-kind",
+        choices=DRAFT_KINDS,
+        help="speculative decoding drafter: ngram (prompt lookup, no second model) or draft "
+        "(--draft-model; implied by it). Default: off",
+    )
+    a(
+        "--speculation-gate",
+        choices=SPECULATION_GATES,
+        help="auto: speculate at a batch size only while it measures faster than plain decoding; "
+        "off: speculate on every step where a row has drafts (auto)",
+    )
     a("--kv-bits", type=int, help="KV cache quantization bits (not supported yet)")
     a("--pipeline", action="store_true", help="pipeline parallel (not supported yet)")
     a("--max-body-bytes", type=_parse_size, help="largest request body (32M)")
@@ -141,14 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
     a("--keep-alive-s", type=float, help="idle HTTP keep-alive seconds (75)")
     a("--blas", help="Linux CPU BLAS: auto (OpenBLAS when installed), bundled, or a .so path")
     a("--seed", type=int, help="global random seed")
-    a("--dequantize", choices=("auto", "always", "never"),
-      help="run quantized weights as float32: auto = on a CPU, where MLX's quantized matmuls "
-           "have no BLAS and prefill 10-15x slower (when float32 fits in a quarter of RAM)")
-    a("--tool-call-parser", choices=parser_names(), metavar="NAME",
-      help="the model family's tool-call markup, one of: %(choices)s "
-           "(default: what mlx-lm infers from the chat template, else hermes)")
-    a("--engine", choices=("process", "thread"),
-      help="run the model in a restartable child process (default) or a thread of this one")
+    a(
+        "--dequantize",
+        choices=("auto", "always", "never"),
+        help="run quantized weights as float32: auto = on a CPU, where MLX's quantized matmuls "
+        "have no BLAS and prefill 10-15x slower (when float32 fits in a quarter of RAM)",
+    )
+    a(
+        "--tool-call-parser",
+        choices=parser_names(),
+        metavar="NAME",
+        help="the model family's tool-call markup, one of: %(choices)s "
+        "(default: what mlx-lm infers from the chat template, else hermes)",
+    )
+    a(
+        "--engine",
+        choices=("process", "thread"),
+        help="run the model in a restartable child process (default) or a thread of this one",
+    )
     # -- deployment: TLS, keys, shutdown, request tracing (issue 6) --
     a("--certfile", help="TLS certificate (PEM); with --keyfile serves HTTPS with ALPN h2")
     a("--keyfile", help="TLS private key (PEM) for --certfile")
@@ -156,8 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--api-key-file", help="file with the accepted API keys, one per line")
     a("--protect-health", action="store_true", help="require the API key on /health too")
     a("--protect-metrics", action="store_true", help="require the API key on /metrics and /stats too")
-    a("--shutdown-timeout-s", "--shutdown-timeout", type=float, dest="shutdown_timeout_s",
-      help="on SIGTERM, seconds running streams may take to finish before they are ended (30)")
+    a(
+        "--shutdown-timeout-s",
+        "--shutdown-timeout",
+        type=float,
+        dest="shutdown_timeout_s",
+        help="on SIGTERM, seconds running streams may take to finish before they are ended (30)",
+    )
     a("--trace", help="append per-request phase timings to this file as JSON lines")
     return p
 

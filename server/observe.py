@@ -231,9 +231,13 @@ def _engine_phases(t: EngineTimings | None, arrived: float) -> dict[str, Any] | 
     if t is None:
         return None
     engine_in = None if t.arrived_at is None else round(t.arrived_at - arrived, 6)
-    return {"engine_in": engine_in, "admission_wait": t.admitted_s,
-            "prefill_chunks": [list(c) for c in t.prefill_chunks], "first_token": t.first_token_s,
-            "finished": t.finished_s}
+    return {
+        "engine_in": engine_in,
+        "admission_wait": t.admitted_s,
+        "prefill_chunks": [list(c) for c in t.prefill_chunks],
+        "first_token": t.first_token_s,
+        "finished": t.finished_s,
+    }
 
 
 def outcome_of(done: RequestDone) -> str:

@@ -23,8 +23,7 @@ SSE_HEADERS: Headers = [
 ]
 
 
-async def send_json(send: Send, status: int, body: bytes,
-                    extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+async def send_json(send: Send, status: int, body: bytes, extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + list(extra)})
     await send({"type": "http.response.body", "body": body})
@@ -83,13 +82,25 @@ class Accumulator:
 
     def result(self, fin: Finished) -> Result:
         calls = tuple(ToolCall(*self.calls[i]) for i in sorted(self.calls))
-        return Result("".join(self.text), fin.reason, fin.usage, fin.stop_sequence,
-                      "".join(self.reasoning), calls, tuple(self.logprobs))
+        return Result(
+            "".join(self.text),
+            fin.reason,
+            fin.usage,
+            fin.stop_sequence,
+            "".join(self.reasoning),
+            calls,
+            tuple(self.logprobs),
+        )
 
 
-async def stream_sse(receive: Receive, send: Send, stream: EventStream,
-                     renderer: StreamRenderer, heartbeat_s: float,
-                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+async def stream_sse(
+    receive: Receive,
+    send: Send,
+    stream: EventStream,
+    renderer: StreamRenderer,
+    heartbeat_s: float,
+    extra: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
     """Headers, then one frame per event, heartbeats while quiet, an error frame on failure."""
     watcher = watch_disconnect(receive, stream)
     body = _BodySender(send)
@@ -104,8 +115,7 @@ async def stream_sse(receive: Receive, send: Send, stream: EventStream,
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _pump(stream: EventStream, renderer: StreamRenderer,
-                body: _BodySender, heartbeat_s: float) -> None:
+async def _pump(stream: EventStream, renderer: StreamRenderer, body: _BodySender, heartbeat_s: float) -> None:
     while True:
         try:
             async with asyncio.timeout(heartbeat_s):

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from engine.engine import Engine
+from engine.thread import Engine
 from server.app import App
 from server.config import Config
 from tests.support.asgi import call, wait_until

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.engine import Engine, EngineState
+from engine.thread import Engine, EngineState
 from engine.errors import ServeError
 from engine.types import Delta, Finished, Request
 from server.app import App

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core import Core
-from engine.engine import Engine
+from engine.thread import Engine
 from engine.loader import LoadedModel
 from engine.scheduler import Scheduler, SchedulerConfig, StepOutput, StepPlan
 from engine.types import Counters, Request

@@ -11,7 +11,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def smollm_folder(cache: Path) -> Path:
-    from engine.gguf import convert_gguf
+    from engine.gguf.convert import convert_gguf
     from engine.loader import default_gguf
 
     return convert_gguf(default_gguf(), cache_root=cache)

@@ -27,7 +27,9 @@ class EngineSettings:
     max_context: int | None = None
     draft_kind: str | None = None  # speculative decoding: "ngram", "draft" (a draft model) or None
     num_draft_tokens: int = 3
-    speculation_gated: bool = True  # speculate only where it measures faster; False: whenever rows have drafts
+    speculation_gated: bool = (
+        True  # speculate only where it measures faster; False: whenever rows have drafts
+    )
     draft_spec: ModelSpec | None = None
     tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
 
@@ -37,8 +39,13 @@ class EngineSettings:
         return self.max_running + self.max_waiting
 
 
-def make_core(loaded: LoadedModel, counters: Counters, settings: EngineSettings,
-              adapter_path: str | None = None, draft: LoadedModel | None = None) -> Core:
+def make_core(
+    loaded: LoadedModel,
+    counters: Counters,
+    settings: EngineSettings,
+    adapter_path: str | None = None,
+    draft: LoadedModel | None = None,
+) -> Core:
     """Plan memory (raises InsufficientMemory when nothing fits), then build the core."""
     from engine.admission import plan_memory, weights_bytes
     from engine.prefix_cache import PrefixCache
@@ -48,33 +55,48 @@ def make_core(loaded: LoadedModel, counters: Counters, settings: EngineSettings,
     budget = settings.memory_budget_bytes
     if draft is not None and budget is not None:
         budget -= 2 * weights_bytes(draft.model)  # the draft's weights, and as much again for its KV
-    plan = plan_memory(loaded.model, budget_bytes=budget,
-                       prefill_step_size=settings.token_budget, max_context=settings.max_context,
-                       max_running=settings.max_running,
-                       draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0)
+    plan = plan_memory(
+        loaded.model,
+        budget_bytes=budget,
+        prefill_step_size=settings.token_budget,
+        max_context=settings.max_context,
+        max_running=settings.max_running,
+        draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0,
+    )
     print(plan.describe(), flush=True)
-    sched = Scheduler(SchedulerConfig(max_running=settings.max_running,
-                                      max_prefilling=settings.max_prefilling,
-                                      token_budget=settings.token_budget,
-                                      max_waiting=settings.max_waiting,
-                                      kv_capacity_tokens=plan.kv_capacity_tokens,
-                                      draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0),
-                      frozenset(loaded.tokenizer.eos_token_ids))
-    prefix = PrefixCache(f"{loaded.model_id}|{adapter_path or ''}",
-                         max_entries=settings.prompt_cache_size,
-                         max_bytes=settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES)
-    speculation = Speculation(settings.draft_kind, settings.num_draft_tokens,
-                              draft.model if draft is not None else None,
-                              gated=settings.speculation_gated)
-    runner = BatchRunner(loaded.model, prefill_step_size=settings.token_budget, prefix_cache=prefix,
-                         speculation=speculation)
+    sched = Scheduler(
+        SchedulerConfig(
+            max_running=settings.max_running,
+            max_prefilling=settings.max_prefilling,
+            token_budget=settings.token_budget,
+            max_waiting=settings.max_waiting,
+            kv_capacity_tokens=plan.kv_capacity_tokens,
+            draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0,
+        ),
+        frozenset(loaded.tokenizer.eos_token_ids),
+    )
+    prefix = PrefixCache(
+        f"{loaded.model_id}|{adapter_path or ''}",
+        max_entries=settings.prompt_cache_size,
+        max_bytes=settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES,
+    )
+    speculation = Speculation(
+        settings.draft_kind,
+        settings.num_draft_tokens,
+        draft.model if draft is not None else None,
+        gated=settings.speculation_gated,
+    )
+    runner = BatchRunner(
+        loaded.model, prefill_step_size=settings.token_budget, prefix_cache=prefix, speculation=speculation
+    )
     core = Core(sched, runner, loaded.tokenizer, counters, prefix, settings.tool_call_parser)
     core.memory_plan = plan
     return core
 
 
-def load_and_build(counters: Counters, spec: ModelSpec, settings: EngineSettings
-                   ) -> tuple[Core, dict[str, Any]]:
+def load_and_build(
+    counters: Counters, spec: ModelSpec, settings: EngineSettings
+) -> tuple[Core, dict[str, Any]]:
     """The engine process's whole start: load weights, build the core, describe the setup."""
     import mlx.core as mx
 
@@ -82,8 +104,11 @@ def load_and_build(counters: Counters, spec: ModelSpec, settings: EngineSettings
         mx.random.seed(settings.seed)
     loaded = load_model(spec)
     print(describe(loaded), flush=True)
-    draft = (load_draft(loaded, settings.draft_spec, settings.num_draft_tokens)
-             if settings.draft_spec is not None else None)
+    draft = (
+        load_draft(loaded, settings.draft_spec, settings.num_draft_tokens)
+        if settings.draft_spec is not None
+        else None
+    )
     core = make_core(loaded, counters, settings, spec.adapter_path, draft)
     return core, {"model_id": loaded.model_id, "memory_plan": core.memory_plan}
 
@@ -91,31 +116,39 @@ def load_and_build(counters: Counters, spec: ModelSpec, settings: EngineSettings
 def load_draft(target: LoadedModel, spec: ModelSpec, k: int = 3) -> LoadedModel:
     """The draft model, refused unless it shares the target's tokenizer and suits batch speculation."""
     from engine.runner import draft_breakeven
-    from engine.speculative import DraftMismatch, can_speculate
+    from engine.speculation.verify import DraftMismatch, can_speculate
 
     draft = load_model(spec)
     check_draft_tokenizer(target.tokenizer, draft.tokenizer, spec.model_id)
     for name, m in (("the model", target.model), ("the draft model", draft.model)):
         if not can_speculate(m):
-            raise DraftMismatch(f"{name} uses rotating or quantized KV caches; speculative decoding "
-                                "inside the batch needs plain KV caches")
-    print(f"  draft model: {draft.model_id} (speculating {describe(draft).splitlines()[1].strip()})",
-          flush=True)
+            raise DraftMismatch(
+                f"{name} uses rotating or quantized KV caches; speculative decoding "
+                "inside the batch needs plain KV caches"
+            )
+    print(
+        f"  draft model: {draft.model_id} (speculating {describe(draft).splitlines()[1].strip()})", flush=True
+    )
     cost, need, loses = draft_breakeven(target.model, draft.model, k)
     if loses:
-        print(f"  the draft model is {cost:.0%} of the model's size: {k} drafts a step pay off only "
-              + ("at no acceptance rate" if need is None else f"above {need:.0%} acceptance")
-              + "; steps start plain and speculation is probed", flush=True)
+        print(
+            f"  the draft model is {cost:.0%} of the model's size: {k} drafts a step pay off only "
+            + ("at no acceptance rate" if need is None else f"above {need:.0%} acceptance")
+            + "; steps start plain and speculation is probed",
+            flush=True,
+        )
     return draft
 
 
 def check_draft_tokenizer(target: Any, draft: Any, draft_id: str) -> None:
-    from engine.speculative import DraftMismatch
+    from engine.speculation.verify import DraftMismatch
 
     if target.get_vocab() != draft.get_vocab():
-        raise DraftMismatch(f"the draft model {draft_id} does not share the model's tokenizer "
-                            f"(vocabularies of {len(target.get_vocab())} and {len(draft.get_vocab())} "
-                            "tokens differ); speculative decoding needs the same token ids")
+        raise DraftMismatch(
+            f"the draft model {draft_id} does not share the model's tokenizer "
+            f"(vocabularies of {len(target.get_vocab())} and {len(draft.get_vocab())} "
+            "tokens differ); speculative decoding needs the same token ids"
+        )
 
 
 def describe(loaded: LoadedModel) -> str:
@@ -127,6 +160,8 @@ def describe(loaded: LoadedModel) -> str:
     params = tree_flatten(loaded.model.parameters())
     dtypes = sorted({str(v.dtype).removeprefix("mlx.core.") for _, v in params})
     nbytes = sum(v.nbytes for _, v in params)
-    return (f"mlx-serve: engine ready: {loaded.model_id}\n"
-            f"  device: {mx.default_device()}  dtypes: {', '.join(dtypes)}  weights: {nbytes / 2**20:.0f} MiB\n"
-            f"  BLAS: {blas_in_use()}")
+    return (
+        f"mlx-serve: engine ready: {loaded.model_id}\n"
+        f"  device: {mx.default_device()}  dtypes: {', '.join(dtypes)}  weights: {nbytes / 2**20:.0f} MiB\n"
+        f"  BLAS: {blas_in_use()}"
+    )

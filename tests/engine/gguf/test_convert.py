@@ -17,12 +17,12 @@ from gguf.quants import dequantize, quantize
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 from transformers import AutoTokenizer
 
-import engine.gguf
-from engine.gguf import convert_gguf, quantization_config
-from engine.gguf_reader import read_gguf
-from engine.gguf_tensors import QuantizedTensor, load_tensor, unpermute_rope_rows
-from engine.gguf_tokenizer import write_tokenizer
-from tests.engine.gguf_reference import (
+import engine.gguf.convert
+from engine.gguf.convert import convert_gguf, quantization_config
+from engine.gguf.reader import read_gguf
+from engine.gguf.tensors import QuantizedTensor, load_tensor, unpermute_rope_rows
+from engine.gguf.tokenizer import write_tokenizer
+from tests.engine.gguf.gguf_reference import (
     TRICKY_STRINGS,
     llama_cpp_permute,
     load_model,
@@ -237,7 +237,7 @@ def test_convert_gguf_second_call_is_served_from_cache(
     def no_reading(path: Any) -> None:
         raise AssertionError("a cached conversion must not read the GGUF again")
 
-    monkeypatch.setattr(engine.gguf, "read_gguf", no_reading)
+    monkeypatch.setattr(engine.gguf.convert, "read_gguf", no_reading)
 
     assert convert_gguf(smollm_gguf, cache_root=smollm_cache) == smollm_dir
     assert weights.stat().st_mtime_ns == mtime

@@ -24,9 +24,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from engine.gguf_arch import Architecture, architecture_for, model_config
-from engine.gguf_reader import GGUFFile, read_gguf
-from engine.gguf_tensors import (
+from engine.gguf.arch import Architecture, architecture_for, model_config
+from engine.gguf.reader import GGUFFile, read_gguf
+from engine.gguf.tensors import (
     GROUP_SIZE,
     QuantizedTensor,
     Tensor,
@@ -34,7 +34,7 @@ from engine.gguf_tensors import (
     map_rows,
     unpermute_rope_rows,
 )
-from engine.gguf_tokenizer import eos_token_ids, write_tokenizer
+from engine.gguf.tokenizer import eos_token_ids, write_tokenizer
 
 # Bump whenever the folder's contents would change for the same GGUF file.
 CONVERTER_VERSION = 1

@@ -147,7 +147,8 @@ class JsonScanner:
         elif ch == "," and at is _At.AFTER:
             self.at = _At.KEY if self.stack[-1] == "{" else _At.VALUE
         elif (ch == "}" and at in (_At.KEY_OR_CLOSE, _At.AFTER) and self.stack[-1] == "{") or (
-                ch == "]" and at in (_At.VALUE_OR_CLOSE, _At.AFTER) and self.stack[-1] == "["):
+            ch == "]" and at in (_At.VALUE_OR_CLOSE, _At.AFTER) and self.stack[-1] == "["
+        ):
             self.stack.pop()
             self._value_ended()
         else:

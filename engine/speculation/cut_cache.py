@@ -68,19 +68,20 @@ class CutKVCache(BatchKVCache):
         if mine is None and theirs is None:
             return
         n = self._idx
-        self.holes = mx.concatenate([_placed(mine, rows, n - before, n),
-                                     _placed(theirs, other_rows, n - other_before, n)])
+        self.holes = mx.concatenate(
+            [_placed(mine, rows, n - before, n), _placed(theirs, other_rows, n - other_before, n)]
+        )
 
     def extract(self, idx: int) -> KVCache:
         """Row idx alone, its holes left out (what the prefix cache stores)."""
         if self.holes is None or not self.counts[idx]:
             return super().extract(idx)
         start = int(self.left_padding[idx].item())
-        holes = _fit(self.holes[idx:idx + 1], self._idx)[0].tolist()
+        holes = _fit(self.holes[idx : idx + 1], self._idx)[0].tolist()
         kept = mx.array([p for p in range(start, self._idx) if not holes[p]])
         cache = KVCache()
-        cache.keys = mx.contiguous(mx.take(self.keys[idx:idx + 1], kept, axis=2))
-        cache.values = mx.contiguous(mx.take(self.values[idx:idx + 1], kept, axis=2))
+        cache.keys = mx.contiguous(mx.take(self.keys[idx : idx + 1], kept, axis=2))
+        cache.values = mx.contiguous(mx.take(self.values[idx : idx + 1], kept, axis=2))
         cache.offset = cache.keys.shape[2]
         return cache
 

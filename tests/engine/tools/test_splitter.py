@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.tool_calls import ToolCallSplitter
-from engine.tool_formats import HERMES, ToolFormat, format_named
+from engine.tools.splitter import ToolCallSplitter
+from engine.tools.formats import HERMES, ToolFormat, format_named
 from engine.types import Delta, TextDelta, ToolCallArgsDelta, ToolCallStart
-from tests.engine.tool_outputs import NOT_CALLS, RECORDED, WEATHER, Recorded
+from tests.engine.tools.tool_outputs import NOT_CALLS, RECORDED, WEATHER, Recorded
 
 
 @dataclass

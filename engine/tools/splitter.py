@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.stops import partial_suffix_len
-from engine.tool_formats import ToolFormat
-from engine.tool_sink import BodyParser, CallSink, NotACall
+from engine.tools.formats import ToolFormat
+from engine.tools.sink import BodyParser, CallSink, NotACall
 from engine.types import Delta, TextDelta
 
 log = logging.getLogger("mlx_serve.engine")
@@ -81,19 +81,19 @@ class ToolCallSplitter:
         at = buf.find(self.fmt.start)
         if at < 0:
             keep = partial_suffix_len(buf, (self.fmt.start,))
-            self._held = buf[len(buf) - keep:]
+            self._held = buf[len(buf) - keep :]
             self._text(buf[: len(buf) - keep])
             return ""
         self._text(buf[:at])
         self._open(self.fmt.start)
-        return buf[at + len(self.fmt.start):]
+        return buf[at + len(self.fmt.start) :]
 
     def _inside(self, buf: str) -> str:
         end = self.fmt.end
         at = buf.find(end) if end else -1
         if end and at < 0:
             keep = partial_suffix_len(buf, (end,))
-            piece, self._held = buf[: len(buf) - keep], buf[len(buf) - keep:]
+            piece, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
         else:
             piece = buf if at < 0 else buf[:at]
         rest = self._give(piece)
@@ -102,7 +102,7 @@ class ToolCallSplitter:
         if at < 0:
             return ""
         self._finish(end)
-        return buf[at + len(end):]
+        return buf[at + len(end) :]
 
     def _open(self, marker: str) -> None:
         self._body, self._fresh = self.fmt.body(self.tools), False

@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from engine.gguf_reader import GGUFFile
+from engine.gguf.reader import GGUFFile
 
 GROUP_SIZE = 32  # every block type kept quantized here holds 32 weights per block
 

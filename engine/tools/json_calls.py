@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.json_scan import JsonScanner
-from engine.tool_sink import CallSink, NotACall
+from engine.tools.json_scan import JsonScanner
+from engine.tools.sink import CallSink, NotACall
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 ARGS_TAG = "[ARGS]"
@@ -210,9 +210,7 @@ class JsonCalls:
 
     def _header_char(self, ch: str, sink: CallSink) -> None:
         name, bracket, tag = self._header.partition("[")
-        if not bracket and (ch.isalnum() or ch in "_-") and not name[-1].isspace():
-            self._header += ch
-        elif not bracket and ch in _WS:
+        if not bracket and (ch.isalnum() or ch in "_-") and not name[-1].isspace() or not bracket and ch in _WS:
             self._header += ch
         elif ARGS_TAG.startswith(bracket + tag + ch):
             self._header += ch

@@ -22,7 +22,7 @@ from tokenizers.models import BPE
 from tokenizers.processors import ByteLevel as ByteLevelProcessor
 from tokenizers.processors import TemplateProcessing
 
-from engine.gguf_reader import GGUFFile
+from engine.gguf.reader import GGUFFile
 
 logger = logging.getLogger(__name__)
 

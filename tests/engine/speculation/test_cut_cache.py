@@ -1,4 +1,4 @@
-"""Per-row KV cuts (engine.cut_cache): rows of one batch cache drop different trailing counts.
+"""Per-row KV cuts (engine.speculation.cut_cache): rows of one batch cache drop different trailing counts.
 
 The invariant a user's text depends on: after any sequence of writes, cuts, compactions,
 joins and leaves, a row's next query attends to exactly the keys of the tokens it kept, at the
@@ -12,7 +12,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from engine.cut_cache import CutKVCache, cut_rows
+from engine.speculation.cut_cache import CutKVCache, cut_rows
 
 H, D = 2, 4
 

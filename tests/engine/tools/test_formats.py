@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from engine.tool_calls import ToolCallSplitter
-from engine.tool_formats import HERMES, LLAMA3_JSON, format_named, parser_names, tool_format_for
+from engine.tools.splitter import ToolCallSplitter
+from engine.tools.formats import HERMES, LLAMA3_JSON, format_named, parser_names, tool_format_for
 from engine.types import TextDelta, ToolCallArgsDelta, ToolCallStart
-from tests.engine.tool_outputs import RECORDED, Recorded
+from tests.engine.tools.tool_outputs import RECORDED, Recorded
 
 LLAMA32_TEMPLATE = (
     "{%- for message in messages %}{%- if 'tool_calls' in message %}"

@@ -13,10 +13,10 @@ import pytest
 from mlx_lm.tokenizer_utils import SPMStreamingDetokenizer
 from transformers import AutoTokenizer
 
-from engine.gguf import convert_gguf
-from engine.gguf_reader import read_gguf
-from engine.gguf_tensors import load_tensor
-from tests.engine.gguf_reference import TRICKY_STRINGS, load_model, load_safetensors, reference_tokenizer
+from engine.gguf.convert import convert_gguf
+from engine.gguf.reader import read_gguf
+from engine.gguf.tensors import load_tensor
+from tests.engine.gguf.gguf_reference import TRICKY_STRINGS, load_model, load_safetensors, reference_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ target sampled (so the accepted text is distributed exactly as the target's), em
 token plus the accepted drafts, and keeps the first target sample it did not accept as its next
 pending token. Rejected positions are cut per row from the KV caches (target and draft): what
 every row rejected is trimmed, the rest become holes the attention mask hides
-(engine.cut_cache), so every row keeps one shared write position without moving its cache.
+(engine.speculation.cut_cache), so every row keeps one shared write position without moving its cache.
 
 The draft model, when there is one, mirrors the batch's rows in its own batch caches; it
 catches up on whatever tokens it has not seen (ragged, right-padded, then cut the same way) and
@@ -27,8 +27,8 @@ from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
-from engine.cut_cache import cut_rows
-from engine.drafting import Draft
+from engine.speculation.cut_cache import cut_rows
+from engine.speculation.drafting import Draft
 
 
 class DraftMismatch(ValueError):
@@ -74,7 +74,7 @@ class DraftRows:
                 continue
             cache = make_prompt_cache(self.model)
             for at in range(0, len(prompt), self.prefill_step_size):
-                self.model(mx.array(prompt[at:at + self.prefill_step_size])[None], cache=cache)
+                self.model(mx.array(prompt[at : at + self.prefill_step_size])[None], cache=cache)
                 mx.eval([c.state for c in cache])
             rows.append(cache)
         merged = [rows[0][i].merge([r[i] for r in rows]) for i in range(len(rows[0]))]
@@ -166,11 +166,16 @@ class SpecBatch(GenerationBatch):
         if draft_k is not None:
             lengths = [max(n, k) for n, k in zip(lengths, draft_k)]
         width = 1 + max(lengths)
-        table = mx.array([(d.tokens if d is not None else []) + [0] * (width - 1 - (len(d.tokens) if d else 0))
-                          for d in drafts], dtype=mx.uint32)
+        table = mx.array(
+            [
+                (d.tokens if d is not None else []) + [0] * (width - 1 - (len(d.tokens) if d else 0))
+                for d in drafts
+            ],
+            dtype=mx.uint32,
+        )
         if model_drafts is not None:
             use_model = mx.array([d is None or not d.tokens for d in drafts])[:, None]
-            md = model_drafts[:, :width - 1]
+            md = model_drafts[:, : width - 1]
             if md.shape[1] < width - 1:
                 md = mx.pad(md, [(0, 0), (0, width - 1 - md.shape[1])])
             table = mx.where(use_model, md.astype(mx.uint32), table)
@@ -189,11 +194,12 @@ class SpecBatch(GenerationBatch):
             a = 0
             while ok and a < n and fed[e][1 + a] == got[e][a]:
                 a += 1
-            emitted = fed[e][:1 + a]
+            emitted = fed[e][: 1 + a]
             if commits[e] is not None:
                 commits[e](a + 1)
-            results.append(RowResult(uid, emitted, [self._next_logprobs[e]] + [logprobs[e, j] for j in range(a)],
-                                     n, a))
+            results.append(
+                RowResult(uid, emitted, [self._next_logprobs[e]] + [logprobs[e, j] for j in range(a)], n, a)
+            )
             cut.append(width - 1 - a)
             accepted_all.append(a)
             next_tokens.append(got[e][a])
@@ -225,12 +231,12 @@ class SpecBatch(GenerationBatch):
             base = self._token_context[e].tokens
             out = []
             for j in range(1 + lengths[e]):
-                ctx = mx.concatenate([base, inputs[e, :j + 1].astype(base.dtype)])
-                lj = logits[e, j:j + 1]
+                ctx = mx.concatenate([base, inputs[e, : j + 1].astype(base.dtype)])
+                lj = logits[e, j : j + 1]
                 for p in procs:
                     lj = p(ctx, lj)
                 out.append(lj)
-            rows.append(mx.concatenate([*out, logits[e, len(out):width]], axis=0))
+            rows.append(mx.concatenate([*out, logits[e, len(out) : width]], axis=0))
         return mx.stack(rows)
 
     def _sample(self, logprobs: mx.array) -> tuple[mx.array, list[Callable[[int], None] | None]]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.stops import partial_suffix_len
-from engine.tool_sink import CallSink, NotACall
+from engine.tools.sink import CallSink, NotACall
 
 FUNCTION, PARAMETER = "<function=", "<parameter="
 END_FUNCTION, END_PARAMETER = "</function>", "</parameter>"
@@ -86,7 +86,7 @@ class XmlCalls:
     def _tag(self, tag: str, then: _At, must: bool = False) -> bool:
         rest = self._buf.lstrip()
         if rest.startswith(tag):
-            self._buf, self.at = rest[len(tag):], then
+            self._buf, self.at = rest[len(tag) :], then
             return True
         if must and rest and not tag.startswith(rest):
             raise NotACall(f"expected {tag!r}")
@@ -101,7 +101,7 @@ class XmlCalls:
         name = self._buf[:at].strip()
         if not name or any(c.isspace() or c == "<" for c in name):
             raise NotACall(f"{name!r} is not a function or parameter name")
-        self._buf = self._buf[at + 1:]
+        self._buf = self._buf[at + 1 :]
         if self.at is _At.NAME:
             self._name, self._index, self.started = name, sink.start(name), True
             self.at = _At.PARAMS
@@ -118,7 +118,7 @@ class XmlCalls:
     def _end_function(self, sink: CallSink) -> bool:
         rest = self._buf.lstrip()
         if rest.startswith(END_FUNCTION):
-            self._buf, self.at = rest[len(END_FUNCTION):], _At.AFTER
+            self._buf, self.at = rest[len(END_FUNCTION) :], _At.AFTER
             sink.args(self._index, "}" if self._params else "{}")
             return True
         if rest and not PARAMETER.startswith(rest) and not END_FUNCTION.startswith(rest):
@@ -130,7 +130,7 @@ class XmlCalls:
         self._buf = ""
         at = self._value.find(END_PARAMETER)
         if at >= 0:
-            self._buf, self._value = self._value[at + len(END_PARAMETER):], self._value[:at]
+            self._buf, self._value = self._value[at + len(END_PARAMETER) :], self._value[:at]
         raw = self._value if self._opened or self._value[:1] != "\n" else self._value[1:]
         if at >= 0:
             raw = raw.removesuffix("\n")
@@ -146,18 +146,18 @@ class XmlCalls:
         if not ready or (not self._opened and "null".startswith(ready.lower())):
             return False  # still possibly `null`, or nothing certain yet
         sink.args(self._index, ("" if self._opened else '"') + _escaped(ready))
-        self._value, self._opened = raw[len(ready):], True
+        self._value, self._opened = raw[len(ready) :], True
         return False
 
     def _converted(self, sink: CallSink) -> bool:
         at = self._buf.find(END_PARAMETER)
         if at < 0:
             return False
-        raw, self._buf = self._buf[:at], self._buf[at + len(END_PARAMETER):]
+        raw, self._buf = self._buf[:at], self._buf[at + len(END_PARAMETER) :]
         one = f"{FUNCTION}{self._name}>\n{PARAMETER}{self._param}>{raw}{END_PARAMETER}\n{END_FUNCTION}"
         try:
             value = self.parse(one, self.tools)["arguments"][self._param]
-        except Exception as exc:  # noqa: BLE001 - mlx-lm raises what its converters raise
+        except Exception as exc:
             raise NotACall(f"parameter {self._param!r}: {exc}") from exc
         sink.args(self._index, json.dumps(value, ensure_ascii=False))
         self.at = _At.PARAMS

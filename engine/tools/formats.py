@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.tool_json import JsonCalls, tool_names
-from engine.tool_sink import BodyParser, CallSink, NotACall
-from engine.tool_xml import XmlCalls
+from engine.tools.json_calls import JsonCalls, tool_names
+from engine.tools.sink import BodyParser, CallSink, NotACall
+from engine.tools.xml_calls import XmlCalls
 
 Parse = Callable[[str, Any], Any]
 MLX_LM_PARSERS = "mlx_lm.tool_parsers"
@@ -67,7 +67,7 @@ def parsed_calls(parse: Parse, text: str, tools: Any) -> list[tuple[str, str, st
     when the parser fails or returns something that is not calls."""
     try:
         parsed = parse(text, tools)
-    except Exception as exc:  # noqa: BLE001 - any parser failure means "not a call"
+    except Exception as exc:
         raise NotACall(str(exc)) from exc
     calls = []
     for item in parsed if isinstance(parsed, list) else [parsed]:
@@ -82,8 +82,9 @@ def parsed_calls(parse: Parse, text: str, tools: Any) -> list[tuple[str, str, st
 
 
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", lambda tools: JsonCalls())
-LLAMA3_JSON = ToolFormat("llama3_json", "<|python_tag|>", "",
-                         lambda tools: JsonCalls(names=tool_names(tools)), bare_json=True)
+LLAMA3_JSON = ToolFormat(
+    "llama3_json", "<|python_tag|>", "", lambda tools: JsonCalls(names=tool_names(tools)), bare_json=True
+)
 
 
 def parser_names() -> list[str]:

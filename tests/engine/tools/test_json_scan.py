@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engine.json_scan import JsonScanner, partial_value
+from engine.tools.json_scan import JsonScanner, partial_value
 
 VALID = ['{}', '[]', '{"a": 1}', '{"a": [1, -0, 2.5, -1.5e-3, 1E+2, 0.0], "b": {"c": null}}',
          '"plain"', r'"esc \" \\ \/ \b \f \n \r \t \u00e9 \uD83D\uDE00"', '[true, false, null]',

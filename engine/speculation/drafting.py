@@ -4,7 +4,7 @@ A drafter proposes the tokens that follow a row's history. Prompt lookup (n-gram
 row's latest n-gram earlier in its own prompt and output and proposes what followed it; a
 prediction (OpenAI Predicted Outputs) is the same lookup over the text the client expects.
 Drafts cost nothing to make here; a draft model's drafts are made inside the batch step
-(engine/speculative.py), not by these classes.
+(engine/speculation/verify.py), not by these classes.
 
 NOTE, the lazy guess. After a plain (pipelined) decode step the row's next input token is still
 being computed when drafts are wanted. Rather than wait for it, a drafter may look up the
@@ -38,13 +38,13 @@ class NgramIndex:
         """Index every n-gram of seq that ends at or before `end`."""
         for stop in range(self._upto + 1, end + 1):
             for n in range(1, min(MAX_NGRAM, stop) + 1):
-                self._ends[tuple(seq[stop - n:stop])] = stop
+                self._ends[tuple(seq[stop - n : stop])] = stop
         self._upto = max(self._upto, end)
 
     def find(self, tail: list[int]) -> int | None:
         """Where the longest indexed n-gram that ends `tail` last ended."""
         for n in range(min(MAX_NGRAM, len(tail)), self.min_n - 1, -1):
-            at = self._ends.get(tuple(tail[len(tail) - n:]))
+            at = self._ends.get(tuple(tail[len(tail) - n :]))
             if at is not None:
                 return at
         return None
@@ -55,12 +55,12 @@ class NgramIndex:
         if pending is None:
             self.index(seq, len(seq) - 1)  # the tail itself ends at len(seq): never found
             at = self.find(seq)
-            return seq[at:at + k] if at is not None else []
+            return seq[at : at + k] if at is not None else []
         self.index(seq, len(seq))
         at = self.find(_tail(seq, pending))
         if at is None:
             return []
-        found = seq[at:at + k]
+        found = seq[at : at + k]
         return found + [pending] if len(found) < k else found
 
 
@@ -91,10 +91,10 @@ class PredictionLookup:
     def draft(self, history: list[int], pending: int | None, k: int) -> Draft:
         # Only the output's length and its last few tokens matter: no copy of the history.
         out_len = len(history) - self._prompt_len + (pending is not None)
-        tail = _tail(history[max(self._prompt_len, len(history) - MAX_NGRAM):], pending)
+        tail = _tail(history[max(self._prompt_len, len(history) - MAX_NGRAM) :], pending)
         want = k if pending is not None else k + 1
         at = self._locate(tail, out_len)
-        found = self._pred[at:at + want] if at is not None else []
+        found = self._pred[at : at + want] if at is not None else []
         if at is not None:
             self._cursor = (at, out_len)
         return Draft(None, found) if pending is not None else _guessed(found)
@@ -105,17 +105,19 @@ class PredictionLookup:
         # Where the last match continues to, then where the output sits if it has followed the
         # prediction from its start; only then the latest occurrence of its tail (for repetitive
         # text that is near the end, so it comes last).
-        aligned = [out_len] if self._cursor is None else [self._cursor[0] + out_len - self._cursor[1], out_len]
+        aligned = (
+            [out_len] if self._cursor is None else [self._cursor[0] + out_len - self._cursor[1], out_len]
+        )
         for at in aligned:
             n = min(MAX_NGRAM, out_len, at)
-            if 0 < at <= len(self._pred) and self._pred[at - n:at] == tail[len(tail) - n:]:
+            if 0 < at <= len(self._pred) and self._pred[at - n : at] == tail[len(tail) - n :]:
                 return at
         return self._index.find(tail)
 
 
 def _tail(seq: list[int], pending: int | None) -> list[int]:
     """The last MAX_NGRAM tokens of seq followed by pending (when there is one)."""
-    last = seq[len(seq) - MAX_NGRAM:] if len(seq) > MAX_NGRAM else list(seq)
+    last = seq[len(seq) - MAX_NGRAM :] if len(seq) > MAX_NGRAM else list(seq)
     return (last + [pending])[-MAX_NGRAM:] if pending is not None else last
 
 
@@ -193,8 +195,14 @@ class SpeculationGate:
     losing draft model is dear: its cache must catch up on every token it skipped).
     """
 
-    def __init__(self, alpha: float = 0.3, probe_every: int = 24, probe_len: int = 4,
-                 max_interval: int = 768, expect_loss: bool = False) -> None:
+    def __init__(
+        self,
+        alpha: float = 0.3,
+        probe_every: int = 24,
+        probe_len: int = 4,
+        max_interval: int = 768,
+        expect_loss: bool = False,
+    ) -> None:
         self.alpha = alpha
         # Speculation must beat plain steps by this much to be chosen: a tie (a speculating
         # policy whose rows happen to have no drafts runs plain steps) is not a reason to pay for it.
@@ -253,8 +261,11 @@ class SpeculationGate:
         return plain is None or spec >= self.margin * plain
 
     def _lost_below(self, bucket: int) -> bool:
-        return any(self._rate.get((b, True), 0.0) < self._rate.get((b, False), 0.0)
-                   for b in range(1, bucket) if (b, True) in self._rate and (b, False) in self._rate)
+        return any(
+            self._rate.get((b, True), 0.0) < self._rate.get((b, False), 0.0)
+            for b in range(1, bucket)
+            if (b, True) in self._rate and (b, False) in self._rate
+        )
 
     def record(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
         if seconds <= 0:

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from engine.core import Core, Ticket
 from engine.admission import MemoryPlan, admit
+from engine.core import Core, Ticket
 from engine.errors import EngineUnavailable, QueueFull, ServeError
 from engine.types import Counters, Event, Finished, Request
 
@@ -48,8 +48,10 @@ class Gate:
             out = [replace(r, max_tokens=d.max_tokens) for r, d in zip(out, decisions)]
             warnings = sorted({d.warning for d in decisions if d.warning})
         if self.inflight + len(out) > self.capacity:
-            raise QueueFull(f"the server is at capacity ({self.capacity} requests running or "
-                            "waiting); retry shortly", retry_after_s=1)
+            raise QueueFull(
+                f"the server is at capacity ({self.capacity} requests running or waiting); retry shortly",
+                retry_after_s=1,
+            )
         self.inflight += len(out)
         return out, warnings
 
@@ -64,9 +66,14 @@ class RequestStream:
     raises the engine's error for the call. `cancel()` stops every choice at the next step.
     """
 
-    def __init__(self, requests: Sequence[Request], loop: asyncio.AbstractEventLoop,
-                 on_cancel: Callable[[str], None] | None = None,
-                 on_close: Callable[[], None] | None = None, warnings: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        loop: asyncio.AbstractEventLoop,
+        on_cancel: Callable[[str], None] | None = None,
+        on_close: Callable[[], None] | None = None,
+        warnings: Sequence[str] = (),
+    ) -> None:
         self._events: asyncio.Queue[tuple[int, Event | ServeError] | object] = asyncio.Queue()
         put = self._events.put_nowait
         self.tickets = [Ticket(r, self._emitter(loop, put, i)) for i, r in enumerate(requests)]
@@ -78,8 +85,9 @@ class RequestStream:
         self.done = False
 
     @staticmethod
-    def _emitter(loop: asyncio.AbstractEventLoop, put: Callable[[Any], None], i: int
-                 ) -> Callable[[Event | ServeError], None]:
+    def _emitter(
+        loop: asyncio.AbstractEventLoop, put: Callable[[Any], None], i: int
+    ) -> Callable[[Event | ServeError], None]:
         return lambda ev: loop.call_soon_threadsafe(put, (i, ev))
 
     @property
@@ -137,8 +145,9 @@ class RequestStream:
 class Engine:
     """Owns the model and the MLX thread. Loading happens on that thread after `start()`."""
 
-    def __init__(self, loader: Callable[[], Any], make_core: Callable[[Any, Counters], Core],
-                 capacity: int = 1 << 30) -> None:
+    def __init__(
+        self, loader: Callable[[], Any], make_core: Callable[[Any, Counters], Core], capacity: int = 1 << 30
+    ) -> None:
         self._loader = loader
         self._make_core = make_core
         self.gate = Gate(capacity)
@@ -177,8 +186,12 @@ class Engine:
         if not self.ready:
             raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
         admitted, warnings = self.gate.admit(requests)
-        stream = RequestStream(admitted, asyncio.get_running_loop(), warnings=warnings,
-                               on_close=lambda: self.gate.release(len(admitted)))
+        stream = RequestStream(
+            admitted,
+            asyncio.get_running_loop(),
+            warnings=warnings,
+            on_close=lambda: self.gate.release(len(admitted)),
+        )
         for ticket in stream.tickets:
             self._inbox.put(ticket)
         return stream
@@ -188,7 +201,7 @@ class Engine:
             self.loaded = self._loader()
             core = self._make_core(self.loaded, self.counters)
             self.gate.plan = getattr(core, "memory_plan", None)
-        except Exception as exc:  # noqa: BLE001 - any load failure makes the engine unusable
+        except Exception as exc:
             log.exception("model failed to load")
             self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED
             return
