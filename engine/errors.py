@@ -1,4 +1,5 @@
-"""Typed failures. Each wire format maps these to its own status and body in one place."""
+"""Typed engine failures. Each wire format maps these to its own status and body in one place;
+the HTTP-only ones (404, 405, 413, 401, a client that left) live in protocols.contract."""
 
 from __future__ import annotations
 
@@ -20,22 +21,6 @@ class InvalidRequest(ServeError):
 
 class ContextTooLong(InvalidRequest):
     """The prompt alone does not fit the model's context."""
-
-
-class NotFound(ServeError):
-    status = 404
-
-
-class MethodNotAllowed(ServeError):
-    status = 405
-
-
-class PayloadTooLarge(ServeError):
-    status = 413
-
-
-class Unauthorized(ServeError):
-    status = 401
 
 
 class QueueFull(ServeError):

@@ -1,4 +1,4 @@
-"""Wire formats: one module per API, each exposing `FORMAT`, a `server.types.WireFormat`.
+"""Wire formats: one module per API, each exposing `FORMAT`, a `protocols.contract.WireFormat`.
 
 A protocol module decodes request bodies into engine requests and renders engine events as
 that format's JSON or SSE bytes. It never touches sockets or MLX.

@@ -30,8 +30,8 @@ from engine.types import (
 from protocols import conversation as conv
 from protocols import openai_common as common
 from protocols import structured
+from protocols.contract import Job, ProtocolContext, Result, ToolCall
 from protocols.conversation import TemplateConversation
-from server.types import Job, ProtocolContext, Result, ToolCall
 
 ID_PREFIX = "msg"
 TOOL_ID_PREFIX = "toolu_"

@@ -15,7 +15,7 @@ import orjson
 
 from engine.errors import InvalidRequest
 from engine.types import SamplingParams
-from server.types import ProtocolContext
+from protocols.contract import ProtocolContext
 
 TEXT_SEPARATOR = "\n\n"
 

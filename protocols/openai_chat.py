@@ -25,7 +25,7 @@ from engine.types import (
 from protocols import conversation as conv
 from protocols import openai_common as common
 from protocols import structured
-from server.types import Job, ProtocolContext, Result
+from protocols.contract import Job, ProtocolContext, Result
 
 OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"

@@ -15,19 +15,10 @@ import msgspec
 import orjson
 from msgspec import Meta, Struct
 
-from engine.errors import (
-    ContextTooLong,
-    InvalidRequest,
-    MethodNotAllowed,
-    NotFound,
-    PayloadTooLarge,
-    QueueFull,
-    ServeError,
-    Unauthorized,
-)
+from engine.errors import ContextTooLong, InvalidRequest, QueueFull, ServeError
 from engine.types import Request, SamplingParams, TokenLogprob, Usage
 from protocols import structured
-from server.types import Job, ProtocolContext
+from protocols.contract import Job, MethodNotAllowed, NotFound, PayloadTooLarge, ProtocolContext, Unauthorized
 
 DONE = b"data: [DONE]\n\n"
 MAX_CHOICES = 16

@@ -14,7 +14,7 @@ from engine.errors import InvalidRequest, ServeError
 from engine.tokenizer import ChatTokenizer
 from engine.types import Delta, Finished, TextDelta, TokenLogprob
 from protocols import openai_common as common
-from server.types import Job, ProtocolContext, Result
+from protocols.contract import Job, ProtocolContext, Result
 
 OBJECT = "text_completion"
 ID_PREFIX = "cmpl"

@@ -20,7 +20,7 @@ import msgspec
 import orjson
 from msgspec import Meta, Struct
 
-from engine.errors import InvalidRequest, NotFound, QueueFull, ServeError
+from engine.errors import InvalidRequest, QueueFull, ServeError
 from engine.types import (
     Delta,
     Finished,
@@ -35,8 +35,8 @@ from engine.types import (
 from protocols import conversation as conv
 from protocols import openai_common as common
 from protocols import structured
+from protocols.contract import Job, NotFound, ProtocolContext, Result
 from protocols.conversation import TemplateConversation
-from server.types import Job, ProtocolContext, Result
 
 ID_PREFIX = "resp"
 HEARTBEAT = b": keep-alive\n\n"

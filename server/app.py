@@ -9,21 +9,26 @@ from dataclasses import replace
 
 import orjson
 
-from engine.errors import (
-    EngineUnavailable,
-    MethodNotAllowed,
-    NotFound,
-    PayloadTooLarge,
-    QueueFull,
-    ServeError,
-)
+from engine.errors import EngineUnavailable, QueueFull, ServeError
 from engine.thread import Engine, EngineState
 from engine.tokenizer import ChatTokenizer
 from engine.types import Request
 from protocols import anthropic_messages, openai_chat, openai_completions, openai_responses
+from protocols.contract import (
+    ClientGone,
+    Defaults,
+    Job,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolContext,
+    Receive,
+    Scope,
+    Send,
+    WireFormat,
+)
 from server.config import Config
 from server.observe import record_of
-from server.types import Defaults, Job, ProtocolContext, Receive, Scope, Send, WireFormat
 from server.writer import collect, send_json, stream_sse
 
 log = logging.getLogger("mlx_serve.http")
@@ -232,7 +237,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise EngineUnavailable("client went away")  # nobody is listening for the answer
+            raise ClientGone("client went away while sending its request")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -14,10 +14,10 @@ import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from engine.errors import ServeError, Unauthorized
+from engine.errors import ServeError
 from protocols import anthropic_messages, openai_common
+from protocols.contract import ASGIApp, Receive, Scope, Send, Unauthorized
 from server.config import Config
-from server.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger("mlx_serve.auth")
 ENV_KEY = "MLX_SERVE_API_KEY"

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from server.types import ASGIApp, Receive, Scope, Send
+from protocols.contract import ASGIApp, Receive, Scope, Send
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 # vLLM's buckets, trimmed to what a Mac's token rates can produce.

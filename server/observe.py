@@ -19,9 +19,9 @@ import orjson
 
 from engine.errors import EngineUnavailable, ServeError
 from engine.types import EngineTimings, Finished, Usage
+from protocols.contract import ASGIApp, Message, Receive, Scope, Send
 from server.metrics import ChoiceDone, Metrics, RequestDone, route_label
 from server.shutdown import Drain
-from server.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("mlx_serve.access")
 RECORD_KEY = "mlx_serve.record"

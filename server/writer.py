@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from engine.errors import ServeError
 from engine.types import Delta, Finished, ReasoningDelta, TextDelta, TokenLogprob, ToolCallStart
-from server.types import EventStream, Receive, Result, Send, StreamRenderer, ToolCall
+from protocols.contract import EventStream, Receive, Result, Send, StreamRenderer, ToolCall
 
 Headers = list[tuple[bytes, bytes]]
 SSE_HEADERS: Headers = [

@@ -210,7 +210,13 @@ class JsonCalls:
 
     def _header_char(self, ch: str, sink: CallSink) -> None:
         name, bracket, tag = self._header.partition("[")
-        if not bracket and (ch.isalnum() or ch in "_-") and not name[-1].isspace() or not bracket and ch in _WS:
+        if (
+            not bracket
+            and (ch.isalnum() or ch in "_-")
+            and not name[-1].isspace()
+            or not bracket
+            and ch in _WS
+        ):
             self._header += ch
         elif ARGS_TAG.startswith(bracket + tag + ch):
             self._header += ch

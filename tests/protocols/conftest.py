@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from server.types import Defaults, ProtocolContext
+from protocols.contract import Defaults, ProtocolContext
 
 VOCAB_SIZE = 1000
 CREATED = 1_700_000_000

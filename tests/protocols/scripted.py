@@ -14,7 +14,7 @@ import orjson
 
 from engine.errors import ServeError
 from engine.types import Event, Finished, FinishReason, TextDelta, Usage
-from server.types import Job, ProtocolContext, WireFormat
+from protocols.contract import Job, ProtocolContext, WireFormat
 from server.writer import Accumulator
 
 Route = Callable[[httpx2.Request], tuple[int, bytes]]

@@ -18,12 +18,8 @@ from engine.errors import (
     EngineFailed,
     EngineUnavailable,
     InvalidRequest,
-    MethodNotAllowed,
-    NotFound,
-    PayloadTooLarge,
     QueueFull,
     ServeError,
-    Unauthorized,
 )
 from engine.types import (
     Event,
@@ -37,7 +33,17 @@ from engine.types import (
     Usage,
 )
 from protocols import anthropic_messages, structured
-from server.types import Job, ProtocolContext, Result, ToolCall, WireFormat
+from protocols.contract import (
+    Job,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolContext,
+    Result,
+    ToolCall,
+    Unauthorized,
+    WireFormat,
+)
 from tests.protocols.scripted import (
     ScriptedServer,
     render_json,

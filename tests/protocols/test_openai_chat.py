@@ -13,7 +13,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from engine.errors import EngineFailed, InvalidRequest
 from engine.types import Finished, FinishReason, TextDelta, TokenLogprob, Usage
 from protocols import openai_chat, structured
-from server.types import Job, ProtocolContext, Result, WireFormat
+from protocols.contract import Job, ProtocolContext, Result, WireFormat
 
 FORMAT: WireFormat = openai_chat.FORMAT
 USER = {"role": "user", "content": "hi"}

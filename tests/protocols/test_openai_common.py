@@ -14,16 +14,20 @@ from engine.errors import (
     EngineFailed,
     EngineUnavailable,
     InvalidRequest,
-    MethodNotAllowed,
-    NotFound,
-    PayloadTooLarge,
     QueueFull,
     ServeError,
-    Unauthorized,
 )
 from engine.types import SamplingParams
 from protocols import openai_chat, openai_common, openai_completions, structured
-from server.types import Job, ProtocolContext, WireFormat
+from protocols.contract import (
+    Job,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolContext,
+    Unauthorized,
+    WireFormat,
+)
 
 Body = dict[str, Any]
 

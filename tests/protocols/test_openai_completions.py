@@ -12,7 +12,7 @@ from openai.types import Completion
 from engine.errors import InvalidRequest, QueueFull
 from engine.types import Finished, FinishReason, TextDelta, Usage
 from protocols import openai_completions
-from server.types import Job, ProtocolContext, Result, WireFormat
+from protocols.contract import Job, ProtocolContext, Result, WireFormat
 
 FORMAT: WireFormat = openai_completions.FORMAT
 Frames = Callable[[bytes], list[Any]]

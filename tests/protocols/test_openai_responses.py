@@ -13,7 +13,7 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
-from engine.errors import EngineFailed, InvalidRequest, NotFound, QueueFull, ServeError
+from engine.errors import EngineFailed, InvalidRequest, QueueFull, ServeError
 from engine.types import (
     Event,
     Finished,
@@ -26,8 +26,8 @@ from engine.types import (
     Usage,
 )
 from protocols import openai_responses, structured
+from protocols.contract import NotFound, ProtocolContext, Result
 from protocols.openai_responses import OpenAIResponses, ResponsesJob, ResponsesStore
-from server.types import ProtocolContext, Result
 from tests.protocols.scripted import (
     ScriptedServer,
     render_json,

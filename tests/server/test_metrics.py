@@ -12,8 +12,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.thread import Engine, EngineState
 from engine.errors import ServeError
+from engine.thread import Engine, EngineState
 from engine.types import Delta, Finished, Request
 from server.app import App
 from server.config import Config

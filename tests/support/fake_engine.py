@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.core import Core
-from engine.thread import Engine
 from engine.loader import LoadedModel
 from engine.scheduler import Scheduler, SchedulerConfig, StepOutput, StepPlan
+from engine.thread import Engine
 from engine.types import Counters, Request
 
 EOS = 0

@@ -18,9 +18,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 
-from engine.speculation.drafting import NgramIndex, PredictionLookup, PromptLookup, RowSpeculation
 from engine.runner import BatchRunner, Speculation
 from engine.scheduler import Scheduler, SchedulerConfig, StepOutput
+from engine.speculation.drafting import NgramIndex, PredictionLookup, PromptLookup, RowSpeculation
 from engine.types import Request, SamplingParams
 from tests.engine.test_runner import drive, prompt_ids, reference
 

@@ -1,4 +1,9 @@
-"""Shared aliases and the contracts between the server and the protocol modules."""
+"""The wire contract: what the server and the protocol modules agree on.
+
+Both sides import this module; it imports neither (only engine types). It holds the ASGI
+aliases, the job a protocol hands the server, the whole-answer record, the renderer and format
+interfaces, and the HTTP-level errors (the engine's own live in engine.errors).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,28 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class NotFound(ServeError):
+    status = 404
+
+
+class MethodNotAllowed(ServeError):
+    status = 405
+
+
+class PayloadTooLarge(ServeError):
+    status = 413
+
+
+class Unauthorized(ServeError):
+    status = 401
+
+
+class ClientGone(ServeError):
+    """The client left before its request was read: nobody to answer; logged as 499."""
+
+    status = 499
 
 
 @dataclass(frozen=True, slots=True)
