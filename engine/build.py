@@ -1,10 +1,14 @@
-"""Putting an engine together from settings: scheduler, runner, prefix cache, core."""
+"""Putting an engine together from settings: `build()` gives the server its EngineClient.
+
+Inside, the same pieces for either host: scheduler, runner, prefix cache, core.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from engine.client import EngineClient
 from engine.core import Core
 from engine.loader import LoadedModel, ModelSpec, load_model
 from engine.types import Counters
@@ -37,6 +41,68 @@ class EngineSettings:
     def capacity(self) -> int:
         """Calls that may be in flight at once: running rows plus the waiting queue."""
         return self.max_running + self.max_waiting
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """Which model to serve and how to load it (the server's --model and its neighbours)."""
+
+    model: str | None = None  # a folder, a .gguf, a Hub id, a shortcut name; None: the default
+    adapter_path: str | None = None
+    chat_template: str = ""
+    trust_remote_code: bool = False
+    dequantize: str = "auto"
+    draft_model: str | None = None
+    host: str = "process"  # "process": a restartable child process; "thread": in this process
+
+    def model_spec(self) -> ModelSpec:
+        from engine.loader import prepare
+
+        return prepare(
+            self.model,
+            adapter_path=self.adapter_path,
+            chat_template=self.chat_template,
+            trust_remote_code=self.trust_remote_code,
+            dequantize=self.dequantize,
+        )
+
+    def draft_spec(self) -> ModelSpec | None:
+        from engine.loader import prepare
+
+        if not self.draft_model:
+            return None
+        return prepare(self.draft_model, trust_remote_code=self.trust_remote_code, dequantize=self.dequantize)
+
+
+def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
+    """The engine the server talks to: nothing is loaded until its `start()`."""
+    from dataclasses import replace
+
+    from engine.process import ProcessEngine
+    from engine.thread import ThreadEngine
+
+    settings = replace(settings, draft_spec=source.draft_spec())
+    if source.host == "thread":
+        specs: list[ModelSpec] = []  # resolved on the engine thread, like the weights
+
+        def load() -> LoadedModel:
+            specs.append(source.model_spec())
+            return load_model(specs[0])
+
+        def make(loaded: LoadedModel, counters: Counters) -> Core:
+            draft = load_draft(loaded, settings.draft_spec) if settings.draft_spec is not None else None
+            return make_core(loaded, counters, settings, specs[0].adapter_path, draft)
+
+        return ThreadEngine(load, make, capacity=settings.capacity)
+
+    def prepare() -> tuple[Any, tuple[Any, ...]]:
+        from engine.loader import load_tokenizer
+
+        spec = source.model_spec()
+        view = LoadedModel(model=None, tokenizer=load_tokenizer(spec), model_id=spec.model_id, path=spec.path)
+        return view, (load_and_build, (spec, settings))
+
+    return ProcessEngine(prepare, capacity=settings.capacity)
 
 
 def make_core(
@@ -157,7 +223,7 @@ def describe(loaded: LoadedModel) -> str:
 
     from engine.blas import blas_in_use
 
-    params = tree_flatten(loaded.model.parameters())
+    params = cast("list[tuple[str, mx.array]]", tree_flatten(loaded.model.parameters()))
     dtypes = sorted({str(v.dtype).removeprefix("mlx.core.") for _, v in params})
     nbytes = sum(v.nbytes for _, v in params)
     return (

@@ -15,13 +15,13 @@ import multiprocessing as mp
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.client import EngineClient, EngineState, RequestStream
 from engine.core import Ticket
-from engine.errors import EngineFailed, EngineUnavailable, ServeError
-from engine.thread import EngineState, Gate, RequestStream
+from engine.errors import EngineFailed, ServeError
 from engine.types import Counters, Event, Finished, Request
 
 log = logging.getLogger("mlx_serve.engine")
@@ -73,16 +73,14 @@ class _Child:
     streams: dict[str, RequestStream] = field(default_factory=dict)
 
 
-class ProcessEngine:
-    """Same face as engine.engine.Engine, with the model in a restartable child process."""
+class ProcessEngine(EngineClient):
+    """The model in a restartable child process; the tokenizer stays here for the protocols."""
 
     def __init__(self, prepare: Callable[[], tuple[Any, tuple[Any, ...]]], capacity: int = 1 << 30) -> None:
+        super().__init__(capacity)
         self._prepare = prepare
-        self.gate = Gate(capacity)
-        self.loaded: Any = None  # model_id and tokenizer, for the protocols
+        self._prepared: Any = None  # model_id and tokenizer, known before the child is up
         self._child_args: tuple[Any, ...] = ()
-        self.state = EngineState.LOADING
-        self.error: str | None = None
         self.restarts = 0
         self.info: dict[str, Any] = {}
         self._child: _Child | None = None
@@ -90,11 +88,6 @@ class ProcessEngine:
         self._nonces = itertools.count()
         self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._stopping = False
-        self.on_fatal: Callable[[str], None] | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self.state is EngineState.READY
 
     @property
     def pid(self) -> int:
@@ -108,7 +101,7 @@ class ProcessEngine:
     def _prepare_then_spawn(self) -> None:
         assert self._loop is not None
         try:
-            self.loaded, self._child_args = self._prepare()
+            self._prepared, self._child_args = self._prepare()
         except Exception as exc:
             log.exception("model preparation failed")
             self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED
@@ -134,28 +127,19 @@ class ProcessEngine:
             child.process.terminate()
             child.process.join(5)
 
-    async def wait_ready(self, poll_s: float = 0.05) -> None:
-        while self.state is EngineState.LOADING:
-            await asyncio.sleep(poll_s)
-        if self.state is not EngineState.READY:
-            raise EngineUnavailable(f"engine is {self.state.value}: {self.error}")
+    def _accepting(self) -> bool:
+        return self.ready and self._child is not None
 
-    def submit(self, requests: Sequence[Request]) -> RequestStream:
+    def _deliver(self, stream: RequestStream) -> None:
         child = self._child
-        if not self.ready or child is None:
-            raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
-        admitted, warnings = self.gate.admit(requests)
-        stream = RequestStream(
-            admitted,
-            asyncio.get_running_loop(),
-            warnings=warnings,
-            on_cancel=lambda rid: self._send(child, Abort(rid)),
-            on_close=lambda: self.gate.release(len(admitted)),
-        )
-        for request in admitted:
-            child.streams[request.id] = stream
-            self._send(child, Submit(request))
-        return stream
+        assert child is not None
+        for ticket in stream.tickets:
+            child.streams[ticket.request.id] = stream
+            self._send(child, Submit(ticket.request))
+
+    def _abort(self, request_id: str) -> None:
+        if self._child is not None:
+            self._send(self._child, Abort(request_id))
 
     async def stats(self) -> dict[str, Any]:
         """The child's counters, asked for now (so they are never stale)."""
@@ -205,7 +189,7 @@ class ProcessEngine:
                 waiter.set_result(message.counters)
         elif isinstance(message, Ready):
             child.pid, self.info = message.pid, message.info
-            self.gate.plan = message.info.get("memory_plan")
+            self._loaded(self._prepared.model_id, self._prepared.tokenizer, message.info.get("memory_plan"))
             self.state, self.error = EngineState.READY, None
         elif isinstance(message, LoadFailed):
             self.state, self.error = EngineState.FAILED, message.error

@@ -129,3 +129,35 @@ class WireFormat(Protocol):
         ...
 
     def error_body(self, exc: ServeError) -> bytes: ...
+
+
+class ErrorFormat(Protocol):
+    """How one wire format spells an error body (OpenAI's envelope, Anthropic's)."""
+
+    def error_body(self, exc: ServeError) -> bytes: ...
+
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One endpoint: dispatch, auth, metrics and the trace all read this entry.
+
+    `path` may hold parameters (`/v1/models/{model_id}`), found in `scope["path_params"]`;
+    `label` names the metric series (the path pattern unless said); `open` routes need no key
+    (the server's flags may still protect /health and /metrics); `probe` routes log at DEBUG
+    and write no trace line.
+    """
+
+    method: str
+    path: str
+    handler: Handler
+    errors: ErrorFormat
+    label: str = ""
+    open: bool = False
+    probe: bool = False
+
+    @property
+    def metric_label(self) -> str:
+        return self.label or self.path

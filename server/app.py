@@ -1,66 +1,84 @@
-"""The ASGI application: a (method, path) table, body limits, CORS, and the handlers."""
+"""The ASGI application: the route table's dispatch and the handlers behind it."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import orjson
 
+from engine.client import EngineClient, EngineState
 from engine.errors import EngineUnavailable, QueueFull, ServeError
-from engine.thread import Engine, EngineState
-from engine.tokenizer import ChatTokenizer
 from engine.types import Request
 from protocols import anthropic_messages, openai_chat, openai_completions, openai_responses
 from protocols.contract import (
     ClientGone,
     Defaults,
+    ErrorFormat,
+    Handler,
     Job,
+    Message,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
     ProtocolContext,
     Receive,
+    Route,
     Scope,
     Send,
     WireFormat,
 )
 from server.config import Config
+from server.metrics import Metrics
 from server.observe import record_of
+from server.routes import Fit, RouteTable
 from server.writer import collect, send_json, stream_sse
 
 log = logging.getLogger("mlx_serve.http")
-Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
-OPENAI_ERRORS = openai_chat.FORMAT
+OPENAI_ERRORS: ErrorFormat = openai_chat.FORMAT
+ANTHROPIC_ERRORS: ErrorFormat = anthropic_messages.FORMAT
+RETRY_AFTER_LOADING_S = 5
 
 
 class App:
     """mlx-serve's ASGI callable. Serves at once; /health says 503 until the model is ready."""
 
-    def __init__(self, config: Config, engine: Engine) -> None:
+    def __init__(self, config: Config, engine: EngineClient, metrics: Metrics | None = None) -> None:
         self.config = config
         self.engine = engine
+        self.metrics = metrics or Metrics()
         self.created = int(time.time())
         self._ctx: ProtocolContext | None = None
         self.responses = openai_responses.OpenAIResponses(openai_responses.ResponsesStore())
-        self.routes: dict[tuple[str, str], Handler] = {
-            ("GET", "/health"): self.health,
-            ("GET", "/v1/models"): self.models,
-            ("GET", "/stats"): self.stats,
-            ("POST", "/v1/chat/completions"): self.generation(openai_chat.FORMAT),
-            ("POST", "/v1/completions"): self.generation(openai_completions.FORMAT),
-            ("POST", "/v1/messages"): self.generation(anthropic_messages.FORMAT),
-            ("POST", "/v1/messages/count_tokens"): self.count_tokens,
-            ("POST", "/v1/responses"): self.generation(self.responses),
-        }
+        self.table = RouteTable(self._routes(), OPENAI_ERRORS)
+
+    def _routes(self) -> list[Route]:
+        """Every endpoint, once: add a wire format here with its protocol module."""
+        gen, oa, an = self.generation, OPENAI_ERRORS, ANTHROPIC_ERRORS
+        health_open, metrics_open = not self.config.protect_health, not self.config.protect_metrics
+        return [
+            Route("GET", "/health", self.health, oa, open=health_open, probe=True),
+            Route("GET", "/metrics", self.metrics_text, oa, open=metrics_open, probe=True),
+            Route("GET", "/stats", self.stats, oa, open=metrics_open),
+            Route("GET", "/v1/models", self.models, oa),
+            Route("GET", "/v1/models/{model_id}", self.model_one, oa),
+            Route("POST", "/v1/chat/completions", gen(openai_chat.FORMAT), oa),
+            Route("POST", "/v1/completions", gen(openai_completions.FORMAT), oa),
+            Route("POST", "/v1/messages", gen(anthropic_messages.FORMAT), an),
+            Route("POST", "/v1/messages/count_tokens", self.count_tokens, an),
+            Route("POST", "/v1/responses", gen(self.responses), oa),
+            Route("GET", "/v1/responses/{response_id}", self.stored_response, oa),
+            Route("DELETE", "/v1/responses/{response_id}", self.stored_response, oa),
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.lifespan(receive, send)
         elif scope["type"] == "http":
             await self.dispatch(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await self.refuse_websocket(scope, receive, send)
 
     async def lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -73,39 +91,42 @@ class App:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    async def refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """No WebSocket mode: the upgrade is refused (Hypercorn answers 403), never a 500."""
+        await receive()  # websocket.connect
+        log.info("refused a WebSocket upgrade on %s: WebSocket mode is not served", scope.get("path"))
+        await send({"type": "websocket.close", "code": 1008})
+
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        method, path = scope["method"], scope["path"].rstrip("/") or "/"
-        send = self._with_cors(scope, send)
-        if method == "OPTIONS" and self.config.allowed_origins:
-            await send({"type": "http.response.start", "status": 204, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
-            return
-        handler = self.routes.get((method, path)) or self._fallback(method, path)
+        match = self.table.match_scope(scope)
+        errors = match.errors or OPENAI_ERRORS
+        if scope["method"] == "HEAD":
+            send = _without_body(send)
         try:
-            await handler(scope, receive, send)
+            if match.fit is Fit.FULL:
+                assert match.route is not None
+                scope["path_params"] = match.params
+                await match.route.handler(scope, receive, send)
+            elif match.fit is Fit.PARTIAL:
+                allow = ", ".join(match.allowed)
+                raise MethodNotAllowed(
+                    f"{scope['method']} is not allowed on {scope['path']} (allowed: {allow})"
+                )
+            else:
+                raise NotFound(f"no route for {scope['method']} {scope['path']}")
         except ServeError as exc:
-            await self.error(send, error_format(path), exc)
+            extra = [(b"allow", ", ".join(match.allowed).encode())] if match.fit is Fit.PARTIAL else []
+            await self.error(send, errors, exc, extra)
 
-    def _fallback(self, method: str, path: str) -> Handler:
-        if method == "GET" and path.startswith("/v1/models/"):
-            return self.model_one
-        if method in ("GET", "DELETE") and path.startswith("/v1/responses/"):
-            return self.stored_response
-        if any(p == path for _, p in self.routes):
-            raise_it: ServeError = MethodNotAllowed(f"{method} is not allowed on {path}")
-        else:
-            raise_it = NotFound(f"no route for {method} {path}")
-
-        async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
-            raise raise_it
-
-        return refuse
-
-    async def error(self, send: Send, fmt: WireFormat, exc: ServeError) -> None:
-        extra = []
+    async def error(
+        self, send: Send, fmt: ErrorFormat, exc: ServeError, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        headers = list(extra or [])
         if isinstance(exc, QueueFull):
-            extra.append((b"retry-after", str(exc.retry_after_s).encode()))
-        await send_json(send, exc.status, fmt.error_body(exc), extra)
+            headers.append((b"retry-after", str(exc.retry_after_s).encode()))
+        elif isinstance(exc, EngineUnavailable):
+            headers.append((b"retry-after", str(RETRY_AFTER_LOADING_S).encode()))
+        await send_json(send, exc.status, fmt.error_body(exc), headers)
 
     # -- plain routes -------------------------------------------------------------------
 
@@ -118,17 +139,23 @@ class App:
             "status": "loading" if state is EngineState.LOADING else "unavailable",
             "error": self.engine.error,
         }
-        await send_json(send, 503, orjson.dumps(body))
+        retry = [(b"retry-after", str(RETRY_AFTER_LOADING_S).encode())]
+        await send_json(send, 503, orjson.dumps(body), retry)
+
+    async def metrics_text(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await self.metrics.render(self.engine)
+        await send_json(send, 200, body, content_type=self.metrics.content_type)
 
     def _model_card(self) -> dict[str, object]:
-        model_id = self.engine.loaded.model_id if self.engine.loaded else (self.config.model or "")
+        model = self.engine.model
+        model_id = model.model_id if model else (self.config.model or "")
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "mlx-serve"}
 
     async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, orjson.dumps({"object": "list", "data": [self._model_card()]}))
 
     async def model_one(self, scope: Scope, receive: Receive, send: Send) -> None:
-        wanted = scope["path"].removeprefix("/v1/models/")
+        wanted = scope["path_params"]["model_id"]
         card = self._model_card()
         if wanted != card["id"]:
             raise NotFound(f"model '{wanted}' is not served here (serving '{card['id']}')")
@@ -139,16 +166,12 @@ class App:
         await send_json(send, 200, orjson.dumps(body))
 
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            body = await read_body(receive, self.config.max_body_bytes)
-            status, out = anthropic_messages.count_tokens(body, self.context())
-        except ServeError as exc:
-            await self.error(send, anthropic_messages.FORMAT, exc)
-            return
+        body = await read_body(receive, self.config.max_body_bytes)
+        status, out = anthropic_messages.count_tokens(body, self.context())
         await send_json(send, status, out)
 
     async def stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response_id = scope["path"].rstrip("/").removeprefix("/v1/responses/")
+        response_id = scope["path_params"]["response_id"]
         if scope["method"] == "DELETE":
             status, body = self.responses.delete(response_id)
         else:
@@ -159,10 +182,7 @@ class App:
 
     def generation(self, fmt: WireFormat) -> Handler:
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
-            try:
-                await self._generate(fmt, scope, receive, send)
-            except ServeError as exc:
-                await self.error(send, fmt, exc)
+            await self._generate(fmt, scope, receive, send)
 
         return handle
 
@@ -181,40 +201,25 @@ class App:
             await send_json(send, 200, fmt.to_json(job, results, ctx), notes)
 
     def context(self) -> ProtocolContext:
+        model = self.engine.model
         if self._ctx is None:
-            if not self.engine.ready:
+            if not self.engine.ready or model is None:
                 raise EngineUnavailable(f"model is {self.engine.state.value}; try again shortly")
             c = self.config
             defaults = Defaults(c.temp, c.top_p, c.top_k, c.min_p, c.max_tokens, c.chat_template_args)
-            tokenizer = ChatTokenizer(self.engine.loaded.tokenizer)
-            self._ctx = ProtocolContext(self.engine.loaded.model_id, tokenizer, defaults, self.created)
+            self._ctx = ProtocolContext(model.model_id, model.tokenizer, defaults, self.created)
         return replace(self._ctx, created=int(time.time()))
 
-    # -- CORS ----------------------------------------------------------------------------
 
-    def _with_cors(self, scope: Scope, send: Send) -> Send:
-        allowed = self.config.allowed_origins
-        origin = dict(scope.get("headers", [])).get(b"origin", b"").decode("latin-1")
-        if not allowed or not origin or not ("*" in allowed or origin in allowed):
-            return send
-        cors = [
-            (b"access-control-allow-origin", origin.encode("latin-1")),
-            (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
-            (b"access-control-allow-headers", b"authorization, content-type, x-api-key"),
-            (b"vary", b"origin"),
-        ]
+def _without_body(send: Send) -> Send:
+    """HEAD: the GET answer's status and headers, no body."""
 
-        async def cors_send(message: dict) -> None:  # type: ignore[type-arg]
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": list(message.get("headers", [])) + cors}
-            await send(message)
+    async def head_send(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
 
-        return cors_send
-
-
-def error_format(path: str) -> WireFormat:
-    """Errors outside a handler still answer in the format the client speaks."""
-    return anthropic_messages.FORMAT if path.startswith("/v1/messages") else OPENAI_ERRORS
+    return head_send
 
 
 def choices(job: Job) -> list[Request]:

@@ -14,15 +14,13 @@ import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from engine.errors import ServeError
-from protocols import anthropic_messages, openai_common
 from protocols.contract import ASGIApp, Receive, Scope, Send, Unauthorized
 from server.config import Config
+from server.routes import RouteTable
+from server.writer import send_json
 
 log = logging.getLogger("mlx_serve.auth")
 ENV_KEY = "MLX_SERVE_API_KEY"
-HEALTH_PATHS = frozenset({"/health"})
-METRICS_PATHS = frozenset({"/metrics", "/stats"})
 
 
 class KeyFileError(ValueError):
@@ -52,16 +50,6 @@ def _read_key_file(path: Path) -> list[str]:
     return keys
 
 
-def open_paths(config: Config) -> frozenset[str]:
-    """Routes served without a key: /health and /metrics (+ /stats) unless protected by a flag."""
-    paths: set[str] = set()
-    if not config.protect_health:
-        paths |= HEALTH_PATHS
-    if not config.protect_metrics:
-        paths |= METRICS_PATHS
-    return frozenset(paths)
-
-
 def presented_keys(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
     """The keys a client sent, from `Authorization: Bearer` and `x-api-key`."""
     found = []
@@ -71,13 +59,6 @@ def presented_keys(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
         elif name == b"authorization" and value[:7].lower() == b"bearer ":
             found.append(value[7:].strip())
     return found
-
-
-def error_body_for(path: str, exc: ServeError) -> bytes:
-    """The error body in the format of the route asked for (Anthropic's for /v1/messages*)."""
-    if path.startswith("/v1/messages"):
-        return anthropic_messages.error_body(exc)
-    return openai_common.error_body(exc)
 
 
 class ApiKeys:
@@ -98,34 +79,29 @@ class ApiKeys:
 class AuthMiddleware:
     """ASGI middleware: 401 in the route's own error shape unless the request carries a key.
 
-    CORS preflights (OPTIONS) and `open_paths` pass without one; lifespan passes untouched.
+    Routes the table marks open (/health, /metrics unless protected by a flag) and CORS
+    preflights pass without one; lifespan passes untouched.
     """
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys, open_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, table: RouteTable) -> None:
         self.app = app
         self.keys = keys
-        self.open_paths = open_paths
+        self.table = table
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self._allowed(scope):
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
         exc = Unauthorized(
             "missing or invalid API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
         )
-        body = error_body_for(path, exc)
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b'Bearer realm="mlx-serve"'),
-        ]
-        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        body = self.table.errors_for(scope["path"]).error_body(exc)
+        await send_json(send, exc.status, body, [(b"www-authenticate", b'Bearer realm="mlx-serve"')])
 
     def _allowed(self, scope: Scope) -> bool:
         if not self.keys or scope["method"] == "OPTIONS":
             return True
-        if (scope["path"].rstrip("/") or "/") in self.open_paths:
+        match = self.table.match_scope(scope)
+        if match.route is not None and match.route.open:
             return True
         return self.keys.check(presented_keys(scope.get("headers", [])))

@@ -6,9 +6,17 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from server.config import Config, load_config
+
+if TYPE_CHECKING:  # the engine is imported only once the flags are read (fast --help)
+    from engine.build import EngineSettings, ModelSource
+    from engine.client import EngineClient
+    from protocols.contract import ASGIApp
+    from server.app import App
+    from server.observe import TraceWriter
+    from server.shutdown import Drain
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
 
 
-def engine_settings(config: Config) -> Any:
+def engine_settings(config: Config) -> EngineSettings:
     from engine.build import EngineSettings
 
     return EngineSettings(
@@ -46,66 +54,29 @@ def engine_settings(config: Config) -> Any:
         draft_kind=config.draft_kind,
         num_draft_tokens=config.num_draft_tokens,
         speculation_gated=config.speculation_gate == "auto",
-        draft_spec=draft_spec(config),
         tool_call_parser=config.tool_call_parser,
     )
 
 
-def draft_spec(config: Config) -> Any:
-    from engine.loader import prepare
+def model_source(config: Config) -> ModelSource:
+    from engine.build import ModelSource
 
-    if not config.draft_model:
-        return None
-    return prepare(
-        config.draft_model, trust_remote_code=config.trust_remote_code, dequantize=config.dequantize
-    )
-
-
-def model_spec(config: Config) -> Any:
-    from engine.loader import prepare
-
-    return prepare(
-        config.model,
+    return ModelSource(
+        model=config.model,
         adapter_path=config.adapter_path,
         chat_template=config.chat_template,
         trust_remote_code=config.trust_remote_code,
         dequantize=config.dequantize,
+        draft_model=config.draft_model,
+        host=config.engine,
     )
 
 
-def build_engine(config: Config) -> Any:
+def build_engine(config: Config) -> EngineClient:
     """A child-process engine (the default) or one on a thread of this process."""
-    from engine.build import load_and_build, load_draft, make_core
-    from engine.loader import LoadedModel, load_model, load_tokenizer
-    from engine.process import ProcessEngine
-    from engine.thread import Engine
+    from engine.build import build
 
-    settings = engine_settings(config)
-    if config.engine == "thread":
-        holder: dict[str, Any] = {}
-
-        def load() -> LoadedModel:
-            spec = model_spec(config)
-            holder["adapter"] = spec.adapter_path
-            loaded = load_model(spec)
-            if settings.draft_spec is not None:
-                holder["draft"] = load_draft(loaded, settings.draft_spec)
-            return loaded
-
-        return Engine(
-            load,
-            lambda loaded, counters: make_core(
-                loaded, counters, settings, holder.get("adapter"), holder.get("draft")
-            ),
-            capacity=settings.capacity,
-        )
-
-    def prepare() -> tuple[Any, tuple[Any, ...]]:
-        spec = model_spec(config)
-        view = LoadedModel(model=None, tokenizer=load_tokenizer(spec), model_id=spec.model_id, path=spec.path)
-        return view, (load_and_build, (spec, settings))
-
-    return ProcessEngine(prepare, capacity=settings.capacity)
+    return build(engine_settings(config), model_source(config))
 
 
 def _url_host(host: str) -> str:
@@ -128,13 +99,16 @@ def greeting(config: Config) -> str:
 async def serve(config: Config) -> None:
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config as HypercornConfig
+    from hypercorn.typing import Framework
 
     from server.app import App
     from server.shutdown import Drain
 
     drain = Drain()
     engine = build_engine(config)
-    app, trace = serving_stack(App(config, engine), engine, config, drain)
+    from server.metrics import Metrics
+
+    app, trace = serving_stack(App(config, engine, Metrics(in_flight=drain.__len__)), config, drain)
     hc = HypercornConfig()
     hc.bind = [f"{_url_host(config.host)}:{config.port}"]
     hc.keep_alive_timeout = config.keep_alive_s
@@ -166,7 +140,7 @@ async def serve(config: Config) -> None:
         loop.add_signal_handler(sig, on_signal)
     print(greeting(config), file=sys.stderr, flush=True)
     try:
-        await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)
+        await hypercorn_serve(cast("Framework", app), hc, shutdown_trigger=stop.wait)
     finally:
         if trace is not None:
             trace.close()
@@ -178,10 +152,10 @@ async def serve(config: Config) -> None:
 SHUTDOWN_MARGIN_S = 5.0
 
 
-def serving_stack(app: Any, engine: Any, config: Config, drain: Any) -> tuple[Any, Any]:
-    """The app behind its middleware: records/metrics outermost, then API keys, then /metrics."""
-    from server.auth import ApiKeys, AuthMiddleware, KeyFileError, load_api_keys, open_paths
-    from server.metrics import Metrics, MetricsEndpoint
+def serving_stack(app: App, config: Config, drain: Drain) -> tuple[ASGIApp, TraceWriter | None]:
+    """The app behind its middleware: CORS outermost (so a 401 or 429 carries its headers), then
+    the per-request records and metrics, then API keys; all read the app's one route table."""
+    from server.auth import ApiKeys, AuthMiddleware, KeyFileError, load_api_keys
     from server.observe import RequestObserver, TraceWriter
 
     try:
@@ -192,7 +166,22 @@ def serving_stack(app: Any, engine: Any, config: Config, drain: Any) -> tuple[An
         logging.getLogger("mlx_serve").warning(
             "listening on %s without an API key (--api-key-file)", config.host
         )
-    metrics = Metrics(in_flight=drain.__len__)
     trace = TraceWriter(config.trace) if config.trace else None
-    inner = AuthMiddleware(MetricsEndpoint(app, metrics, engine), keys, open_paths(config))
-    return RequestObserver(inner, metrics, drain, trace), trace
+    observed = RequestObserver(AuthMiddleware(app, keys, app.table), app.metrics, drain, trace, app.table)
+    return with_cors(observed, config.allowed_origins), trace
+
+
+def with_cors(app: ASGIApp, origins: list[str]) -> ASGIApp:
+    """Starlette's CORS middleware around everything, when --allowed-origins names any."""
+    if not origins:
+        return app
+    from starlette.middleware.cors import CORSMiddleware
+
+    return CORSMiddleware(
+        app,
+        allow_origins=origins,
+        allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+        allow_headers=["authorization", "content-type", "x-api-key", "anthropic-version", "anthropic-beta"],
+        expose_headers=["warning", "retry-after"],
+        max_age=600,
+    )

@@ -15,8 +15,6 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from protocols.contract import ASGIApp, Receive, Scope, Send
-
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 # vLLM's buckets, trimmed to what a Mac's token rates can produce.
 TTFT_BUCKETS = (
@@ -95,29 +93,6 @@ ENGINE_COUNTERS = {
     "spec_decode_num_accepted_tokens": "Speculative decoding: draft tokens accepted by the target.",
     "num_preemptions": "Requests preempted to free KV memory.",
 }
-ROUTES = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/v1/responses",
-    "/v1/models",
-    "/health",
-    "/stats",
-    "/metrics",
-)
-ROUTE_PREFIXES = (("/v1/models/", "/v1/models/{id}"), ("/v1/responses/", "/v1/responses/{id}"))
-
-
-def route_label(path: str) -> str:
-    """The route a path belongs to; unknown paths share one label (scanners must not add series)."""
-    path = path.rstrip("/") or "/"
-    if path in ROUTES:
-        return path
-    for prefix, label in ROUTE_PREFIXES:
-        if path.startswith(prefix):
-            return label
-    return "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +129,8 @@ class StatsSource(Protocol):
 
 class Metrics:
     """The server's metrics and its own registry (no process-global state)."""
+
+    content_type = CONTENT_TYPE
 
     def __init__(self, in_flight: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -310,25 +287,6 @@ def running_and_waiting(stats: Mapping[str, Any], in_flight: int) -> tuple[int, 
     ended = sum(int(stats.get(k, 0)) for k in ("requests_finished", "requests_aborted", "requests_failed"))
     running = min(max(int(stats.get("requests_started", 0)) - ended, 0), in_flight)
     return running, in_flight - running
-
-
-class MetricsEndpoint:
-    """ASGI middleware answering GET /metrics; every other request goes on to `app`."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics, source: StatsSource, path: str = "/metrics") -> None:
-        self.app = app
-        self.metrics = metrics
-        self.source = source
-        self.path = path
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] not in ("GET", "HEAD"):
-            await self.app(scope, receive, send)
-            return
-        body = await self.metrics.render(self.source)
-        headers = [(b"content-type", CONTENT_TYPE), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
 
 
 def _sample(metric: Counter | Histogram, suffix: str) -> float:

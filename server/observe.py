@@ -20,12 +20,12 @@ import orjson
 from engine.errors import EngineUnavailable, ServeError
 from engine.types import EngineTimings, Finished, Usage
 from protocols.contract import ASGIApp, Message, Receive, Scope, Send
-from server.metrics import ChoiceDone, Metrics, RequestDone, route_label
+from server.metrics import ChoiceDone, Metrics, RequestDone
+from server.routes import OTHER, RouteTable, method_label
 from server.shutdown import Drain
 
 log = logging.getLogger("mlx_serve.access")
 RECORD_KEY = "mlx_serve.record"
-QUIET_ROUTES = frozenset({"/health", "/metrics"})  # probes: DEBUG lines, no trace
 
 
 @dataclass(slots=True)
@@ -76,10 +76,8 @@ class RequestRecord:
     outcome: str = ""  # "", abort, error
     error: str = ""
     choices: dict[int, ChoiceTimes] = field(default_factory=dict)
-
-    @property
-    def route(self) -> str:
-        return route_label(self.path)
+    route: str = OTHER  # the route table's metric label
+    probe: bool = False  # a health/metrics probe: DEBUG line, no trace line
 
     def track(self, stream: Any) -> TrackedStream:
         """Wrap the engine's stream for this request (refused while the server shuts down)."""
@@ -112,8 +110,8 @@ class RequestRecord:
         cached = max((c.usage.cached_tokens for c in self.choices.values() if c.usage), default=0)
         return RequestDone(
             self.route,
-            self.method,
-            self.status or 500,
+            method_label(self.method),
+            self.status or (499 if self.outcome == "abort" else 500),
             end - self.arrived,
             self.prompt_tokens,
             cached,
@@ -274,18 +272,28 @@ class RequestObserver:
     """ASGI middleware: a record per request; at its end a log line, a trace line, metrics."""
 
     def __init__(
-        self, app: ASGIApp, metrics: Metrics, drain: Drain | None = None, trace: TraceWriter | None = None
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        drain: Drain | None = None,
+        trace: TraceWriter | None = None,
+        table: RouteTable | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.drain = drain
         self.trace = trace
+        self.table = table if table is not None else getattr(app, "table", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         record = RequestRecord(scope["method"], scope["path"], _client(scope), drain=self.drain)
+        if self.table is not None:
+            match = self.table.match_scope(scope)
+            record.route = match.label
+            record.probe = match.route is not None and match.route.probe
         scope[RECORD_KEY] = record
 
         async def observed_receive() -> Message:
@@ -311,7 +319,7 @@ class RequestObserver:
         record.id = record.id or f"req-{uuid.uuid4().hex[:16]}"
         done = record.summary()
         self.metrics.observe(done)
-        quiet = record.route in QUIET_ROUTES
+        quiet = record.probe
         log.log(logging.DEBUG if quiet else logging.INFO, "%s", log_line(record, done))
         if self.trace is not None and not quiet:
             self.trace.write(record, done)

@@ -23,8 +23,15 @@ SSE_HEADERS: Headers = [
 ]
 
 
-async def send_json(send: Send, status: int, body: bytes, extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+async def send_json(
+    send: Send,
+    status: int,
+    body: bytes,
+    extra: Iterable[tuple[bytes, bytes]] = (),
+    content_type: bytes = b"application/json",
+) -> None:
+    """A whole body in two messages (JSON unless `content_type` says otherwise)."""
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + list(extra)})
     await send({"type": "http.response.body", "body": body})
 

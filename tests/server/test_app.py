@@ -8,8 +8,9 @@ from typing import Any
 
 import orjson
 
-from engine.thread import Engine
+from engine.thread import ThreadEngine
 from server.app import App
+from server.cli import with_cors
 from server.config import Config
 from tests.support.asgi import call, wait_until
 from tests.support.fake_engine import fake_engine
@@ -19,7 +20,7 @@ CHAT_STREAM = orjson.dumps({"messages": [{"role": "user", "content": "hi"}], "st
                             "stream_options": {"include_usage": True}, "max_tokens": 50})
 
 
-def started(engine: Engine, **config: Any) -> App:
+def started(engine: ThreadEngine, **config: Any) -> App:
     app = App(Config(**config), engine)
     engine.start()
     return app
@@ -223,8 +224,8 @@ def test_app_cors_only_when_origins_allowed() -> None:
         closed = await ready(started(engine))
         engine2, _ = fake_engine(["a"])
         open_ = await ready(started(engine2, allowed_origins=["https://app.example"]))
-        return (await call(closed, "GET", "/health", headers=origin),
-                await call(open_, "GET", "/health", headers=origin))
+        return (await call(with_cors(closed, []), "GET", "/health", headers=origin),
+                await call(with_cors(open_, open_.config.allowed_origins), "GET", "/health", headers=origin))
 
     closed, open_ = run(go())
     assert "access-control-allow-origin" not in closed.headers

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from server.app import App
-from server.auth import ApiKeys, AuthMiddleware, KeyFileError, load_api_keys, open_paths, presented_keys
+from server.auth import ApiKeys, AuthMiddleware, KeyFileError, load_api_keys, presented_keys
+from server.cli import with_cors
 from server.config import Config, load_config
 from tests.support.asgi import Reply, call
 from tests.support.fake_engine import fake_engine
@@ -33,7 +34,7 @@ def request(
         app = App(cfg, engine)
         engine.start()
         await engine.wait_ready()
-        stack = AuthMiddleware(app, ApiKeys(load_api_keys(cfg, {})), open_paths(cfg))
+        stack = with_cors(AuthMiddleware(app, ApiKeys(load_api_keys(cfg, {})), app.table), cfg.allowed_origins)
         return await call(stack, method, path, body, headers=headers)
 
     return asyncio.run(go())
@@ -95,17 +96,39 @@ def test_auth_health_and_metrics_open_by_default_and_closable() -> None:
     assert request("/health", protect_health=True).status == 401
     assert request("/stats", protect_metrics=True).status == 401
     assert request("/health", [(b"x-api-key", KEY.encode())], protect_health=True).status == 200
-    assert open_paths(Config()) == frozenset({"/health", "/metrics", "/stats"})
+    engine, _ = fake_engine(["a"])
+    open_routes = {r.path for r in App(Config(), engine).table.routes if r.open}
+    assert open_routes == {"/health", "/metrics", "/stats"}
 
 
 def test_auth_cors_preflight_passes_without_key() -> None:
     r = request(
         "/v1/chat/completions",
-        [(b"origin", b"https://app.example")],
+        [(b"origin", b"https://app.example"), (b"access-control-request-method", b"POST")],
         method="OPTIONS",
         allowed_origins=["https://app.example"],
     )
-    assert r.status == 204 and r.headers["access-control-allow-origin"] == "https://app.example"
+    assert r.status == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    assert "POST" in r.headers["access-control-allow-methods"]
+
+
+def test_auth_401_carries_cors_headers_for_an_allowed_origin_only() -> None:
+    allowed = [(b"origin", b"https://app.example")]
+    r = request("/v1/chat/completions", allowed, method="POST", body=CHAT, allowed_origins=["https://app.example"])
+    assert r.status == 401 and r.headers["access-control-allow-origin"] == "https://app.example"
+    other = [(b"origin", b"https://evil.example")]
+    r = request("/v1/chat/completions", other, method="POST", body=CHAT, allowed_origins=["https://app.example"])
+    assert r.status == 401 and "access-control-allow-origin" not in r.headers
+
+
+def test_auth_cors_preflight_from_a_disallowed_origin_is_refused() -> None:
+    r = request(
+        "/v1/chat/completions",
+        [(b"origin", b"https://evil.example"), (b"access-control-request-method", b"POST")],
+        method="OPTIONS",
+        allowed_origins=["https://app.example"],
+    )
+    assert r.status == 400 and "access-control-allow-origin" not in r.headers
 
 
 def test_auth_without_keys_everything_is_open() -> None:
@@ -115,7 +138,7 @@ def test_auth_without_keys_everything_is_open() -> None:
         app = App(Config(), engine)
         engine.start()
         await engine.wait_ready()
-        return await call(AuthMiddleware(app, ApiKeys([]), frozenset()), "GET", "/v1/models")
+        return await call(AuthMiddleware(app, ApiKeys([]), app.table), "GET", "/v1/models")
 
     assert asyncio.run(go()).status == 200
 

@@ -12,13 +12,15 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.client import EngineState
 from engine.errors import ServeError
-from engine.thread import Engine, EngineState
+from engine.thread import ThreadEngine
 from engine.types import Delta, Finished, Request
 from server.app import App
 from server.config import Config
-from server.metrics import ChoiceDone, Metrics, MetricsEndpoint, RequestDone, route_label, running_and_waiting
+from server.metrics import ChoiceDone, Metrics, RequestDone, running_and_waiting
 from server.observe import RequestObserver, TraceWriter, record_of
+from server.routes import RouteTable, method_label
 from server.shutdown import Drain
 from server.writer import stream_sse
 from tests.support.asgi import call, wait_until
@@ -44,7 +46,11 @@ class Frames:
         return b": ping\n"
 
 
-def generating_app(engine: Engine, max_tokens: int = 50) -> Any:
+def table_of(engine: ThreadEngine) -> RouteTable:
+    return App(Config(), engine).table
+
+
+def generating_app(engine: ThreadEngine, max_tokens: int = 50) -> Any:
     """The one line of wiring the real App has: the handler tracks the engine's stream."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -65,14 +71,10 @@ def samples(text: str) -> dict[str, float]:
     return out
 
 
-async def scrape(metrics: Metrics, engine: Engine) -> dict[str, float]:
-    r = await call(MetricsEndpoint(_never, metrics, engine), "GET", "/metrics")
+async def scrape(metrics: Metrics, engine: ThreadEngine) -> dict[str, float]:
+    r = await call(App(Config(), engine, metrics), "GET", "/metrics")
     assert r.status == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     return samples(r.body.decode())
-
-
-async def _never(scope: Any, receive: Any, send: Any) -> None:
-    raise AssertionError("not for the app")
 
 
 def test_metrics_stream_counts_tokens_ttft_itl_and_finish_reason() -> None:
@@ -82,7 +84,7 @@ def test_metrics_stream_counts_tokens_ttft_itl_and_finish_reason() -> None:
         engine.start()
         await engine.wait_ready()
         metrics = Metrics()
-        app = RequestObserver(generating_app(engine), metrics)
+        app = RequestObserver(generating_app(engine), metrics, table=table_of(engine))
         r = await call(app, "POST", "/v1/chat/completions")
         assert r.body.decode().splitlines()[-1] == "finish stop"
         return await scrape(metrics, engine)
@@ -109,7 +111,7 @@ def test_metrics_client_disconnect_counts_as_abort() -> None:
         await engine.wait_ready()
         metrics = Metrics()
         await call(
-            RequestObserver(generating_app(engine, 400), metrics),
+            RequestObserver(generating_app(engine, 400), metrics, table=table_of(engine)),
             "POST",
             "/v1/completions",
             disconnect_after_chunks=3,
@@ -130,7 +132,7 @@ def test_metrics_running_gauge_during_a_stream() -> None:
         await engine.wait_ready()
         drain = Drain()
         metrics = Metrics(in_flight=drain.__len__)
-        app = RequestObserver(generating_app(engine, 400), metrics, drain)
+        app = RequestObserver(generating_app(engine, 400), metrics, drain, table=table_of(engine))
         task = asyncio.create_task(call(app, "POST", "/v1/chat/completions", timeout_s=30))
         await wait_until(lambda: engine.counters.generated_tokens > 3)
         during = await scrape(metrics, engine)
@@ -151,7 +153,7 @@ def test_drain_ends_open_stream_with_error_frame_and_aborts_engine() -> None:
         engine.start()
         await engine.wait_ready()
         drain = Drain()
-        app = RequestObserver(generating_app(engine, 600), Metrics(), drain)
+        app = RequestObserver(generating_app(engine, 600), Metrics(), drain, table=table_of(engine))
         task = asyncio.create_task(call(app, "POST", "/v1/chat/completions", timeout_s=30))
         await wait_until(lambda: engine.counters.generated_tokens > 3)
         drain.begin(0.2)
@@ -173,7 +175,7 @@ def test_drain_lets_short_stream_finish_and_refuses_new_requests() -> None:
         engine.start()
         await engine.wait_ready()
         drain = Drain()
-        app = RequestObserver(generating_app(engine), Metrics(), drain)
+        app = RequestObserver(generating_app(engine), Metrics(), drain, table=table_of(engine))
         task = asyncio.create_task(call(app, "POST", "/v1/chat/completions"))
         await wait_until(lambda: len(drain) == 1)
         drain.begin(5.0)
@@ -193,11 +195,11 @@ def test_metrics_endpoint_serves_prometheus_text_beside_the_app() -> None:
     engine, _ = fake_engine(["a"])
 
     async def go() -> tuple[Any, Any]:
-        app = App(Config(), engine)
+        metrics = Metrics()
+        app = App(Config(), engine, metrics)
         engine.start()
         await engine.wait_ready()
-        metrics = Metrics()
-        stack = RequestObserver(MetricsEndpoint(app, metrics, engine), metrics)
+        stack = RequestObserver(app, metrics)
         health = await call(stack, "GET", "/health")
         await call(stack, "GET", "/nope/secret-1")
         return health, await call(stack, "GET", "/metrics")
@@ -225,7 +227,7 @@ def test_metrics_engine_numbers_when_reported() -> None:
             }
 
     async def go() -> dict[str, float]:
-        r = await call(MetricsEndpoint(_never, Metrics(), Reporting()), "GET", "/metrics")
+        r = await call(App(Config(), Reporting(), Metrics()), "GET", "/metrics")  # type: ignore[arg-type]
         return samples(r.body.decode())
 
     m = asyncio.run(go())
@@ -242,9 +244,11 @@ def test_running_and_waiting_derived_from_counters() -> None:
 
 
 def test_route_label_bounds_cardinality() -> None:
-    assert route_label("/v1/chat/completions/") == "/v1/chat/completions"
-    assert route_label("/v1/models/some-model") == "/v1/models/{id}"
-    assert route_label("/wp-admin/x.php") == "other"
+    table = App(Config(), fake_engine(["a"])[0]).table
+    assert table.match("POST", "/v1/chat/completions/").label == "/v1/chat/completions"
+    assert table.match("GET", "/v1/models/some-model").label == "/v1/models/{model_id}"
+    assert table.match("GET", "/wp-admin/x.php").label == "other"
+    assert method_label("GET") == "GET" and method_label("BREW") == method_label("X-1") == "OTHER"
 
 
 def test_request_log_line_and_trace(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -255,7 +259,7 @@ def test_request_log_line_and_trace(tmp_path: Path, caplog: pytest.LogCaptureFix
         engine.start()
         await engine.wait_ready()
         trace = TraceWriter(str(trace_path))
-        app = RequestObserver(generating_app(engine), Metrics(), trace=trace)
+        app = RequestObserver(generating_app(engine), Metrics(), trace=trace, table=table_of(engine))
         await call(app, "POST", "/v1/chat/completions")
         await call(RequestObserver(App(Config(), engine), Metrics(), trace=trace), "GET", "/health")
         trace.close()

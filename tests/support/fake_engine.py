@@ -11,7 +11,7 @@ from typing import Any
 from engine.core import Core
 from engine.loader import LoadedModel
 from engine.scheduler import Scheduler, SchedulerConfig, StepOutput, StepPlan
-from engine.thread import Engine
+from engine.thread import ThreadEngine
 from engine.types import Counters, Request
 
 EOS = 0
@@ -101,7 +101,7 @@ def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | Non
                 load_gate: threading.Event | None = None, load_error: str | None = None,
                 max_running: int = 32, max_waiting: int = 64,
                 capacity: int = 1 << 30, thinking: bool = False,
-                tool_parser: str | None = None) -> tuple[Engine, list[ScriptedRunner]]:
+                tool_parser: str | None = None) -> tuple[ThreadEngine, list[ScriptedRunner]]:
     runners: list[ScriptedRunner] = []
 
     def load() -> LoadedModel:
@@ -118,4 +118,4 @@ def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | Non
         scheduler = Scheduler(config, frozenset({EOS}))
         return Core(scheduler, runners[-1], loaded.tokenizer, counters, tool_parser=tool_parser)
 
-    return Engine(load, make_core, capacity=capacity), runners
+    return ThreadEngine(load, make_core, capacity=capacity), runners
