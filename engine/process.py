@@ -171,9 +171,19 @@ class ProcessEngine(EngineClient):
                 message = child.conn.recv()
             except (EOFError, OSError):
                 break
-            self._loop.call_soon_threadsafe(self._on_message, child, message)
+            if not self._hand_over(self._on_message, child, message):
+                return
         child.process.join(5)
-        self._loop.call_soon_threadsafe(self._on_death, child, child.process.exitcode)
+        self._hand_over(self._on_death, child, child.process.exitcode)
+
+    def _hand_over(self, handler: Callable[..., None], *args: Any) -> bool:
+        """Run `handler` on the loop; False once the loop has closed (the server has stopped)."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(handler, *args)
+        except RuntimeError:  # the event loop is closed
+            return False
+        return True
 
     def _on_message(self, child: _Child, message: Any) -> None:
         if isinstance(message, Events):

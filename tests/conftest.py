@@ -32,3 +32,16 @@ def smollm_server(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     server = ServerProcess(["--model", str(smollm_path)], log)
     yield server
     server.close()
+
+
+REAL_FIXTURES = frozenset({"smollm_path", "smollm_gguf", "gemma_gguf", "oracle"})
+REAL_FOLDERS = ("tests/e2e/", "tests/deploy/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tier 3 (`-m real`): every test that loads a real model or starts a real server."""
+    for item in items:
+        path = item.nodeid.replace("\\", "/")
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & REAL_FIXTURES or path.startswith(REAL_FOLDERS):
+            item.add_marker(pytest.mark.real)

@@ -1,0 +1,155 @@
+"""The process host on its own: a scripted core in a real child process (no MLX, no model).
+
+The child is spawned as in production; only the core it builds is scripted (the real scheduler
+and core loop over tests.support.fake_engine's runner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.client import EngineState
+from engine.core import Core
+from engine.errors import EngineFailed
+from engine.loader import LoadedModel
+from engine.process import ProcessEngine
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.types import Counters, Finished, Request, SamplingParams, TextDelta
+from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
+
+PIECES = ["a", "b", "c"]
+
+
+@dataclass(frozen=True)
+class Script:
+    step_s: float = 0.0
+    load_error: str = ""
+    fatal: bool = False
+
+
+def build_scripted(counters: Counters, script: Script) -> tuple[Core, dict[str, Any]]:
+    """What engine.build.load_and_build does in the child, with a scripted runner."""
+    if script.load_error:
+        if script.fatal:
+            from engine.admission import InsufficientMemory
+
+            raise InsufficientMemory(script.load_error)
+        raise RuntimeError(script.load_error)
+    scheduler = Scheduler(SchedulerConfig(max_running=4), frozenset({EOS}))
+    runner = ScriptedRunner(PIECES, script.step_s)
+    return Core(scheduler, runner, FakeTokenizer(PIECES), counters), {"model_id": "scripted"}
+
+
+def engine_for(script: Script) -> ProcessEngine:
+    def prepare() -> tuple[Any, tuple[Any, ...]]:
+        view = LoadedModel(model=None, tokenizer=FakeTokenizer(PIECES), model_id="scripted", path=Path("."))
+        return view, (build_scripted, (script,))
+
+    return ProcessEngine(prepare, capacity=8)
+
+
+def request(rid: str, max_tokens: int = 16) -> Request:
+    return Request(id=rid, prompt_tokens=(1, 2), sampling=SamplingParams(), max_tokens=max_tokens)
+
+
+async def drain(stream: Any) -> list[Any]:
+    out = []
+    while (item := await stream.next()) is not None:
+        out.append(item[1])
+    return out
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_process_engine_serves_a_request_and_reports_the_model() -> None:
+    async def go() -> tuple[list[Any], Any, dict[str, Any]]:
+        engine = engine_for(Script())
+        engine.start()
+        await engine.wait_ready()
+        try:
+            events = await drain(engine.submit([request("r1")]))
+            return events, engine.model, await engine.stats()
+        finally:
+            engine.stop()
+
+    events, model, stats = run(go())
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "abc"
+    assert isinstance(events[-1], Finished) and events[-1].usage.completion_tokens == 4
+    assert model.model_id == "scripted" and model.tokenizer.vocab_size == 1000
+    assert stats["requests_finished"] == 1 and stats["engine_pid"] > 0 and stats["restarts"] == 0
+
+
+def test_process_engine_cancel_frees_the_gate_and_the_child_row() -> None:
+    async def go() -> tuple[int, dict[str, Any]]:
+        engine = engine_for(Script(step_s=0.05))
+        engine.start()
+        await engine.wait_ready()
+        try:
+            stream = engine.submit([request("r1", max_tokens=10_000)])
+            await stream.next()
+            stream.cancel()
+            for _ in range(100):
+                stats = await engine.stats()
+                if stats["requests_aborted"] == 1:
+                    break
+                await asyncio.sleep(0.05)
+            return engine.gate.inflight, stats
+        finally:
+            engine.stop()
+
+    inflight, stats = run(go())
+    assert inflight == 0 and stats["requests_aborted"] == 1
+
+
+def test_process_engine_child_death_fails_inflight_then_restarts() -> None:
+    async def go() -> tuple[BaseException | None, int, int, list[Any]]:
+        engine = engine_for(Script(step_s=0.05))
+        engine.start()
+        await engine.wait_ready()
+        try:
+            stream = engine.submit([request("r1", max_tokens=10_000)])
+            await stream.next()
+            first_pid = engine.pid
+            os.kill(first_pid, signal.SIGKILL)
+            failure: BaseException | None = None
+            try:
+                await drain(stream)
+            except EngineFailed as exc:
+                failure = exc
+            await engine.wait_ready()
+            again = await drain(engine.submit([request("r2")]))
+            return failure, first_pid, engine.restarts, again
+        finally:
+            engine.stop()
+
+    failure, first_pid, restarts, again = run(go())
+    assert isinstance(failure, EngineFailed) and "engine process died" in str(failure)
+    assert restarts == 1 and isinstance(again[-1], Finished)
+
+
+@pytest.mark.parametrize("fatal", [False, True])
+def test_process_engine_load_failure_is_reported(fatal: bool) -> None:
+    told: list[str] = []
+
+    async def go() -> tuple[EngineState, str | None]:
+        engine = engine_for(Script(load_error="weights missing", fatal=fatal))
+        engine.on_fatal = told.append
+        engine.start()
+        with pytest.raises(Exception, match="weights missing"):
+            await engine.wait_ready()
+        engine.stop()
+        return engine.state, engine.error
+
+    state, error = run(go())
+    assert error is not None and "weights missing" in error
+    assert state is EngineState.STOPPED
+    assert told == (["InsufficientMemory: weights missing"] if fatal else [])
