@@ -5,6 +5,7 @@ Inside, the same pieces for either host: scheduler, runner, prefix cache, core.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -14,6 +15,7 @@ from engine.loader import LoadedModel, ModelSpec, load_model
 from engine.types import Counters
 
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
+log = logging.getLogger("mlx_serve.engine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +131,7 @@ def make_core(
         max_running=settings.max_running,
         draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0,
     )
-    print(plan.describe(), flush=True)
+    log.info("%s", plan.describe())
     sched = Scheduler(
         SchedulerConfig(
             max_running=settings.max_running,
@@ -169,7 +171,7 @@ def load_and_build(
     if settings.seed is not None:
         mx.random.seed(settings.seed)
     loaded = load_model(spec)
-    print(describe(loaded), flush=True)
+    log.info("%s", describe(loaded))
     draft = (
         load_draft(loaded, settings.draft_spec, settings.num_draft_tokens)
         if settings.draft_spec is not None
@@ -192,16 +194,15 @@ def load_draft(target: LoadedModel, spec: ModelSpec, k: int = 3) -> LoadedModel:
                 f"{name} uses rotating or quantized KV caches; speculative decoding "
                 "inside the batch needs plain KV caches"
             )
-    print(
-        f"  draft model: {draft.model_id} (speculating {describe(draft).splitlines()[1].strip()})", flush=True
-    )
+    log.info("draft model: %s (speculating %s)", draft.model_id, describe(draft).splitlines()[1].strip())
     cost, need, loses = draft_breakeven(target.model, draft.model, k)
     if loses:
-        print(
-            f"  the draft model is {cost:.0%} of the model's size: {k} drafts a step pay off only "
-            + ("at no acceptance rate" if need is None else f"above {need:.0%} acceptance")
-            + "; steps start plain and speculation is probed",
-            flush=True,
+        log.info(
+            "the draft model is %.0f%% of the model's size: %d drafts a step pay off only %s; "
+            "steps start plain and speculation is probed",
+            100 * cost,
+            k,
+            "at no acceptance rate" if need is None else f"above {need:.0%} acceptance",
         )
     return draft
 

@@ -25,6 +25,7 @@ from engine.errors import EngineFailed, ServeError
 from engine.types import Counters, Event, Finished, Request
 
 log = logging.getLogger("mlx_serve.engine")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,6 @@ class Stats:
 @dataclass(frozen=True, slots=True)
 class LoadFailed:
     error: str
-    fatal: bool = False  # a restart cannot fix it (the model does not fit the memory budget)
 
 
 @dataclass(slots=True)
@@ -103,16 +103,26 @@ class ProcessEngine(EngineClient):
         try:
             self._prepared, self._child_args = self._prepare()
         except Exception as exc:
-            log.exception("model preparation failed")
-            self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED
+            log.debug("model preparation failed", exc_info=True)
+            self._hand_over(self._load_failed, f"cannot load the model: {type(exc).__name__}: {exc}")
             return
         self._loop.call_soon_threadsafe(self._spawn)
+
+    def _load_failed(self, error: str) -> None:
+        """Nothing to serve: a restart cannot fix a model that does not load or fit."""
+        self.state, self.error = EngineState.FAILED, error
+        log.error("%s", error)
+        if self.on_fatal is not None:
+            self.on_fatal(error)
 
     def _spawn(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(
-            target=serve_child, args=(child, *self._child_args), name="mlx-serve-engine", daemon=True
+            target=serve_child,
+            args=(child, *self._child_args, logging.getLogger().getEffectiveLevel()),
+            name="mlx-serve-engine",
+            daemon=True,
         )
         proc.start()
         child.close()
@@ -202,9 +212,7 @@ class ProcessEngine(EngineClient):
             self._loaded(self._prepared.model_id, self._prepared.tokenizer, message.info.get("memory_plan"))
             self.state, self.error = EngineState.READY, None
         elif isinstance(message, LoadFailed):
-            self.state, self.error = EngineState.FAILED, message.error
-            if message.fatal and self.on_fatal is not None:
-                self.on_fatal(message.error)
+            self._load_failed(message.error)
 
     def _on_death(self, child: _Child, exitcode: int | None) -> None:
         for request_id, stream in child.streams.items():
@@ -223,18 +231,15 @@ class ProcessEngine(EngineClient):
 # -- the child side ------------------------------------------------------------------------
 
 
-def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...]) -> None:
+def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...], log_level: int = logging.INFO) -> None:
     """Entry point of the engine process: build the core, then serve the pipe until EOF."""
+    logging.basicConfig(level=log_level, format=LOG_FORMAT)
     counters = Counters()
     try:
         core, info = build(counters, *build_args)
-    except Exception as exc:  # noqa: BLE001 - told to the parent, which reports it on /health
-        from engine.admission import InsufficientMemory
-        from engine.speculation.verify import DraftMismatch
-
-        conn.send(
-            LoadFailed(f"{type(exc).__name__}: {exc}", isinstance(exc, InsufficientMemory | DraftMismatch))
-        )
+    except Exception as exc:
+        logging.getLogger("mlx_serve.engine").debug("load failed", exc_info=True)
+        conn.send(LoadFailed(f"cannot load the model: {type(exc).__name__}: {exc}"))
         return
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
     outbox: list[tuple[str, Event | ServeError]] = []

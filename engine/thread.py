@@ -60,8 +60,11 @@ class ThreadEngine(EngineClient):
             core = self._make_core(loaded, self.counters)
             self._loaded(loaded.model_id, loaded.tokenizer, getattr(core, "memory_plan", None))
         except Exception as exc:
-            log.exception("model failed to load")
-            self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED
+            log.debug("model failed to load", exc_info=True)
+            self.error, self.state = f"cannot load the model: {type(exc).__name__}: {exc}", EngineState.FAILED
+            log.error("%s", self.error)
+            if self.on_fatal is not None:
+                self.on_fatal(self.error)
             return
         self.state = EngineState.READY
         try:

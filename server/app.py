@@ -31,6 +31,7 @@ from protocols.contract import (
 )
 from server.config import Config
 from server.metrics import Metrics
+from server.names import ServedNames
 from server.observe import record_of
 from server.routes import Fit, RouteTable
 from server.writer import collect, send_json, stream_sse
@@ -64,7 +65,9 @@ class App:
             Route("GET", "/v1/models", self.models, oa),
             Route("GET", "/v1/models/{model_id}", self.model_one, oa),
             Route("POST", "/v1/chat/completions", gen(openai_chat.FORMAT), oa),
+            Route("POST", "/chat/completions", gen(openai_chat.FORMAT), oa),  # as mlx_lm.server
             Route("POST", "/v1/completions", gen(openai_completions.FORMAT), oa),
+            Route("POST", "/completions", gen(openai_completions.FORMAT), oa),
             Route("POST", "/v1/messages", gen(anthropic_messages.FORMAT), an),
             Route("POST", "/v1/messages/count_tokens", self.count_tokens, an),
             Route("POST", "/v1/responses", gen(self.responses), oa),
@@ -115,6 +118,7 @@ class App:
             else:
                 raise NotFound(f"no route for {scope['method']} {scope['path']}")
         except ServeError as exc:
+            record_of(scope).refused(exc)
             extra = [(b"allow", ", ".join(match.allowed).encode())] if match.fit is Fit.PARTIAL else []
             await self.error(send, errors, exc, extra)
 
@@ -146,19 +150,42 @@ class App:
         body = await self.metrics.render(self.engine)
         await send_json(send, 200, body, content_type=self.metrics.content_type)
 
-    def _model_card(self) -> dict[str, object]:
+    def names(self) -> ServedNames:
         model = self.engine.model
         model_id = model.model_id if model else (self.config.model or "")
-        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "mlx-serve"}
+        return ServedNames(model_id, self.config.model, tuple(self.config.served_model_name))
+
+    def _model_cards(self, scope: Scope) -> list[dict[str, object]]:
+        """One entry per listed name, with the context a request may use (OpenAI's shape, plus
+        the fields vLLM, llama.cpp and LM Studio clients read; Anthropic's for Anthropic SDKs)."""
+        model = self.engine.model
+        context = model.context_length if model else None
+        if _speaks_anthropic(scope):
+            return [
+                {"type": "model", "id": n, "display_name": n, "created_at": _iso(self.created)}
+                for n in self.names().listed
+            ]
+        extra = {"context_length": context, "max_model_len": context, "max_context_length": context}
+        return [
+            {"id": n, "object": "model", "created": self.created, "owned_by": "mlx-serve", **extra}
+            for n in self.names().listed
+        ]
 
     async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_json(send, 200, orjson.dumps({"object": "list", "data": [self._model_card()]}))
+        cards = self._model_cards(scope)
+        body: dict[str, object] = {"object": "list", "data": cards}
+        if _speaks_anthropic(scope):
+            body = {"data": cards, "has_more": False, "first_id": cards[0]["id"], "last_id": cards[-1]["id"]}
+        await send_json(send, 200, orjson.dumps(body))
 
     async def model_one(self, scope: Scope, receive: Receive, send: Send) -> None:
         wanted = scope["path_params"]["model_id"]
-        card = self._model_card()
-        if wanted != card["id"]:
-            raise NotFound(f"model '{wanted}' is not served here (serving '{card['id']}')")
+        names = self.names()
+        if not names.accepts(wanted):
+            raise NotFound(names.refusal(wanted), param="model")
+        card = {**self._model_cards(scope)[0], "id": wanted}
+        if _speaks_anthropic(scope):
+            card["display_name"] = wanted
         await send_json(send, 200, orjson.dumps(card))
 
     async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -190,6 +217,7 @@ class App:
         body = await read_body(receive, self.config.max_body_bytes)
         ctx = self.context()
         job = fmt.parse(body, ctx)
+        self._check_model(job.model)
         stream = record_of(scope).track(self.engine.submit(choices(job)))
         notes = [(b"warning", w.encode()) for w in stream.warnings]
         if job.stream:
@@ -200,6 +228,11 @@ class App:
         if results is not None:
             await send_json(send, 200, fmt.to_json(job, results, ctx), notes)
 
+    def _check_model(self, name: str) -> None:
+        names = self.names()
+        if not names.accepts(name):
+            raise NotFound(names.refusal(name), param="model")
+
     def context(self) -> ProtocolContext:
         model = self.engine.model
         if self._ctx is None:
@@ -209,6 +242,14 @@ class App:
             defaults = Defaults(c.temp, c.top_p, c.top_k, c.min_p, c.max_tokens, c.chat_template_args)
             self._ctx = ProtocolContext(model.model_id, model.tokenizer, defaults, self.created)
         return replace(self._ctx, created=int(time.time()))
+
+
+def _speaks_anthropic(scope: Scope) -> bool:
+    return any(name == b"anthropic-version" for name, _ in scope.get("headers", []))
+
+
+def _iso(unix: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
 
 
 def _without_body(send: Send) -> Send:

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, cast
 
 from server.config import Config, load_config
 
+log = logging.getLogger("mlx_serve")
+
 if TYPE_CHECKING:  # the engine is imported only once the flags are read (fast --help)
     from engine.build import EngineSettings, ModelSource
     from engine.client import EngineClient
@@ -31,11 +33,16 @@ def main(argv: list[str] | None = None) -> None:
 
     prefer_shape_free_attention()  # before the BLAS re-exec, which passes the environment on
     reexec_with_blas(config.blas)
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from engine.process import LOG_FORMAT
+
+    logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
     try:
         asyncio.run(serve(config))
     except KeyboardInterrupt:
         pass
+    except OSError as exc:  # the port is taken, the address is not ours, the cert is unreadable
+        log.error("cannot listen on %s:%s: %s", config.host, config.port, exc.strerror or exc)
+        sys.exit(1)
 
 
 def engine_settings(config: Config) -> EngineSettings:
@@ -129,16 +136,16 @@ async def serve(config: Config) -> None:
 
     fatal: list[str] = []
 
-    def on_fatal(error: str) -> None:  # the model cannot fit: refuse to run, do not restart
-        print(f"mlx-serve: cannot serve: {error}", file=sys.stderr, flush=True)
+    def on_fatal(error: str) -> None:  # nothing to serve: exit 1 (a service manager restarts us)
+        log.error("cannot serve: %s", error)
         fatal.append(error)
-        stop.set()
+        loop.call_soon_threadsafe(stop.set)
 
     engine.on_fatal = on_fatal
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    print(greeting(config), file=sys.stderr, flush=True)
+    log.info("%s", greeting(config))
     try:
         await hypercorn_serve(cast("Framework", app), hc, shutdown_trigger=stop.wait)
     finally:

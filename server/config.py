@@ -25,6 +25,7 @@ class Config:
     """Every setting, with units in the names where they have units."""
 
     model: str | None = None
+    served_model_name: list[str] = field(default_factory=list)
     adapter_path: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
@@ -92,6 +93,15 @@ def _origins(text: str) -> list[str]:
     return [o.strip() for o in text.split(",") if o.strip()]
 
 
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mlx-serve")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mlx-serve",
@@ -100,8 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
     )
     a = p.add_argument
+    a("--version", action="version", version=f"mlx-serve {package_version()}")
     a("--config", help="TOML file with any of these settings (flags win)")
     a("--model", help="model folder, Hugging Face repo id, or .gguf file (default: SmolLM2-135M-Instruct)")
+    a(
+        "--served-model-name",
+        action="append",
+        dest="served_model_name",
+        help="another name requests may use for the model (repeatable; globs like 'claude-*' allowed)",
+    )
     a("--adapter-path", help="LoRA adapter folder")
     a("--host", help="bind address (default 127.0.0.1)")
     a("--port", type=int, help="port (default 8080)")

@@ -9,6 +9,7 @@ engine's stream with `record_of(scope).track(stream)`; the `TrackedStream` stamp
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class RequestRecord:
     outcome: str = ""  # "", abort, error
     error: str = ""
     choices: dict[int, ChoiceTimes] = field(default_factory=dict)
+    refusal: str = ""  # why an error status was answered: `not_found`, `invalid_request param=top_k`
     route: str = OTHER  # the route table's metric label
     probe: bool = False  # a health/metrics probe: DEBUG line, no trace line
 
@@ -95,6 +97,10 @@ class RequestRecord:
             choice.finished_reason, choice.usage, choice.engine = ev.reason.value, ev.usage, ev.timings
         else:
             choice.delta(time.perf_counter())
+
+    def refused(self, exc: ServeError) -> None:
+        kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+        self.refusal = kind + (f" param={exc.param}" if exc.param else "")
 
     def wrote(self, now: float) -> None:
         if self.first_write is None:
@@ -251,7 +257,7 @@ def log_line(record: RequestRecord, done: RequestDone) -> str:
         f"request id={record.id} method={record.method} route={record.route} status={done.status} "
         f"finish={outcome_of(done)} prompt_tokens={done.prompt_tokens} completion_tokens={completion} "
         f"cached_tokens={done.cached_tokens} ttft_ms={ttft} duration_ms={done.duration_s * 1000:.1f} "
-        f"client={record.client or '-'}"
+        f"client={record.client or '-'}" + (f" error={record.refusal}" if record.refusal else "")
     )
 
 

@@ -15,7 +15,7 @@ from server.config import Config
 from tests.support.asgi import call, wait_until
 from tests.support.fake_engine import fake_engine
 
-CHAT = orjson.dumps({"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50})
+CHAT = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50})
 CHAT_STREAM = orjson.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
                             "stream_options": {"include_usage": True}, "max_tokens": 50})
 
@@ -186,7 +186,52 @@ def test_app_unknown_route_is_404_and_wrong_method_405() -> None:
 
     missing, wrong = run(go())
     assert missing.status == 404 and missing.json()["error"]["message"].startswith("no route")
-    assert wrong.status == 405
+    assert wrong.status == 405 and wrong.headers["allow"] == "POST"
+
+
+def test_app_head_answers_a_get_route_without_a_body() -> None:
+    engine, _ = fake_engine(["a"])
+
+    async def go() -> Any:
+        return await call(await ready(started(engine)), "HEAD", "/health")
+
+    r = run(go())
+    assert r.status == 200 and r.body == b"" and r.headers["content-length"] == "15"
+
+
+def test_app_mlx_lm_server_paths_without_v1() -> None:
+    engine, _ = fake_engine(["a"])
+
+    async def go() -> tuple[Any, Any]:
+        app = await ready(started(engine))
+        prompt = orjson.dumps({"prompt": "hi", "max_tokens": 5})
+        return await call(app, "POST", "/chat/completions", CHAT), await call(app, "POST", "/completions", prompt)
+
+    chat, text = run(go())
+    assert chat.status == 200 and chat.json()["choices"][0]["message"]["content"] == "a"
+    assert text.status == 200 and text.json()["choices"][0]["text"] == "a"
+
+
+def test_app_model_names_the_server_accepts() -> None:
+    engine, _ = fake_engine(["a"])
+
+    def chat(model: str | None) -> bytes:
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+        return orjson.dumps(body if model is None else {**body, "model": model})
+
+    async def go() -> list[Any]:
+        app = await ready(started(engine, served_model_name=["coder", "claude-*"]))
+        names = [None, "fake-model", "default", "coder", "claude-sonnet-4-5", "gpt-4o", "claude"]
+        return [await call(app, "POST", "/v1/chat/completions", chat(n)) for n in names]
+
+    *served, gpt, bare = run(go())
+    assert [r.status for r in served] == [200] * 5
+    assert [r.json()["model"] for r in served] == ["fake-model", "fake-model", "default", "coder",
+                                                    "claude-sonnet-4-5"]
+    for refused in (gpt, bare):
+        err = refused.json()["error"]
+        assert refused.status == 404 and err["param"] == "model"
+        assert "fake-model, coder" in err["message"]
 
 
 def test_app_models_lists_the_served_model() -> None:
@@ -201,6 +246,21 @@ def test_app_models_lists_the_served_model() -> None:
     assert listing.json()["data"][0]["id"] == "fake-model" and listing.json()["object"] == "list"
     assert one.json()["id"] == "fake-model" and one.json()["object"] == "model"
     assert other.status == 404
+    card = listing.json()["data"][0]
+    limit = engine.model.context_length if engine.model else None
+    assert card["context_length"] == card["max_model_len"] == card["max_context_length"] == limit
+
+
+def test_app_models_in_anthropic_shape_for_anthropic_clients() -> None:
+    engine, _ = fake_engine(["a"])
+
+    async def go() -> Any:
+        app = await ready(started(engine, served_model_name=["coder"]))
+        return await call(app, "GET", "/v1/models", headers=[(b"anthropic-version", b"2023-06-01")])
+
+    body = run(go()).json()
+    assert [m["id"] for m in body["data"]] == ["fake-model", "coder"]
+    assert body["data"][0]["type"] == "model" and body["has_more"] is False and body["last_id"] == "coder"
 
 
 def test_app_bad_json_is_400_and_engine_keeps_serving() -> None:
@@ -319,9 +379,9 @@ def test_app_tool_calls_in_openai_json_and_stream() -> None:
 def test_app_tool_calls_in_anthropic_and_responses() -> None:
     engine, _ = fake_engine(TOOL_PIECES)
     tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
-    messages = {"model": "m", "max_tokens": 50, "tools": [tool],
+    messages = {"model": "fake-model", "max_tokens": 50, "tools": [tool],
                 "messages": [{"role": "user", "content": "Weather in Paris?"}]}
-    responses = {"model": "m", "input": "Weather in Paris?", "tools": [
+    responses = {"model": "fake-model", "input": "Weather in Paris?", "tools": [
         {"type": "function", "name": "get_weather", "parameters": tool["input_schema"]}]}
 
     async def go() -> tuple[Any, Any]:
@@ -340,7 +400,7 @@ def test_app_tool_calls_in_anthropic_and_responses() -> None:
 
 def test_app_reasoning_kept_apart_from_the_answer() -> None:
     engine, _ = fake_engine(["<thi", "nk>", "The user", " asks.", "</think>", "Paris."], thinking=True)
-    messages = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "Capital?"}]}
+    messages = {"model": "fake-model", "max_tokens": 50, "messages": [{"role": "user", "content": "Capital?"}]}
 
     async def go() -> tuple[Any, Any, Any]:
         app = await ready(started(engine))

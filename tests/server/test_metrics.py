@@ -87,7 +87,12 @@ def test_metrics_stream_counts_tokens_ttft_itl_and_finish_reason() -> None:
         app = RequestObserver(generating_app(engine), metrics, table=table_of(engine))
         r = await call(app, "POST", "/v1/chat/completions")
         assert r.body.decode().splitlines()[-1] == "finish stop"
-        return await scrape(metrics, engine)
+        for _ in range(100):  # the engine thread retires the row just after its last event
+            m = await scrape(metrics, engine)
+            if m["mlx_serve:num_requests_running"] == 0:
+                break
+            await asyncio.sleep(0.02)
+        return m
 
     m = asyncio.run(go())
     assert m["mlx_serve:request_success_total{finished_reason=stop}"] == 1

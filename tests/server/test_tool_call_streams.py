@@ -60,7 +60,7 @@ class Served:
 def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     family = request.param
     engine, _ = fake_engine(TOKENS[family], tool_parser=family)
-    with hypercorn_serving(App(Config(), engine)) as url:
+    with hypercorn_serving(App(Config(served_model_name=["m"]), engine)) as url:
         yield Served(url, family)
 
 

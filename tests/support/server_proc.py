@@ -20,6 +20,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+TEST_NAMES = ("m", "claude-x", "client-name")
+
+
 class ServerProcess:
     """Starts `python -m server ARGS`, waits for /health 200, and stops it on close()."""
 
@@ -28,7 +31,9 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "server", "--port", str(self.port), *args]
+        # The names the tests' clients send, as aliases a user would give (README: model names).
+        aliases = [] if "--served-model-name" in args else [a for n in TEST_NAMES for a in ("--served-model-name", n)]
+        cmd = [sys.executable, "-m", "server", "--port", str(self.port), *aliases, *args]
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
