@@ -37,8 +37,12 @@ class FakeTokenizer:
     def encode_continuation(self, text: str) -> list[int]:
         return self.encode(text)
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
         self.chat_calls.append(ChatCall(messages, tools, template_kwargs))
         if self.template_error is not None:
             raise ValueError(self.template_error)
@@ -53,14 +57,24 @@ def tokenizer() -> FakeTokenizer:
 
 @pytest.fixture
 def defaults() -> Defaults:
-    return Defaults(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, max_tokens=256,
-                    chat_template_args={"enable_thinking": False, "house": "server"})
+    return Defaults(
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        max_tokens=256,
+        chat_template_args={"enable_thinking": False, "house": "server"},
+    )
 
 
 @pytest.fixture
 def ctx(tokenizer: FakeTokenizer, defaults: Defaults) -> ProtocolContext:
-    return ProtocolContext(model_id=MODEL_ID, tokenizer=tokenizer, defaults=defaults,  # type: ignore[arg-type]
-                           created=CREATED)
+    return ProtocolContext(
+        model_id=MODEL_ID,
+        tokenizer=tokenizer,
+        defaults=defaults,  # type: ignore[arg-type]
+        created=CREATED,
+    )
 
 
 @pytest.fixture
@@ -82,7 +96,7 @@ def sse_frames() -> Callable[[bytes], list[Any]]:
         frames: list[Any] = []
         for raw in stream[:-2].split(b"\n\n"):
             assert raw.startswith(b"data: "), raw
-            payload = raw[len(b"data: "):]
+            payload = raw[len(b"data: ") :]
             frames.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
         return frames
 
