@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from protocols.contract import Defaults, ProtocolContext
+from protocols.contract import Defaults, Frames, ProtocolContext
+from server.writer import encode
 
 VOCAB_SIZE = 1000
 CREATED = 1_700_000_000
@@ -88,10 +89,12 @@ def body() -> Callable[..., bytes]:
 
 
 @pytest.fixture
-def sse_frames() -> Callable[[bytes], list[Any]]:
-    """Split SSE bytes into decoded `data:` payloads ("[DONE]" stays a string)."""
+def sse_frames() -> Callable[[Frames], list[Any]]:
+    """A renderer's events as the writer sends them, split into decoded `data:` payloads
+    ("[DONE]" stays a string)."""
 
-    def split(stream: bytes) -> list[Any]:
+    def split(events: Frames) -> list[Any]:
+        stream = encode(events)
         assert stream.endswith(b"\n\n"), stream
         frames: list[Any] = []
         for raw in stream[:-2].split(b"\n\n"):

@@ -15,7 +15,7 @@ import orjson
 from engine.errors import ServeError
 from engine.types import Event, Finished, FinishReason, TextDelta, Usage
 from protocols.contract import Job, ProtocolContext, WireFormat
-from server.writer import Accumulator
+from server.writer import Accumulator, encode
 
 Route = Callable[[httpx2.Request], tuple[int, bytes]]
 SSE = "text/event-stream; charset=utf-8"
@@ -35,7 +35,7 @@ def render_stream(
     out = renderer.start()
     for ev in events:
         out += renderer.finish(ev) if isinstance(ev, Finished) else renderer.delta(ev)
-    return out + (renderer.error(fail) if fail is not None else b"")
+    return encode(out + (renderer.error(fail) if fail is not None else []))
 
 
 def render_json(fmt: WireFormat, job: Job, ctx: ProtocolContext, events: list[Event]) -> bytes:

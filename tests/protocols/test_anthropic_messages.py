@@ -40,10 +40,12 @@ from protocols.contract import (
     PayloadTooLarge,
     ProtocolContext,
     Result,
+    SseEvent,
     ToolCall,
     Unauthorized,
     WireFormat,
 )
+from server.writer import encode_frame
 from tests.protocols.scripted import (
     ScriptedServer,
     render_json,
@@ -685,13 +687,14 @@ def test_stream_error_is_an_error_event_in_anthropic_envelope(ctx: ProtocolConte
 
 def test_stream_heartbeat_is_a_ping_event(ctx: ProtocolContext) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
-    assert renderer.heartbeat() == b'event: ping\ndata: {"type": "ping"}\n\n'
+    assert renderer.heartbeat() == SseEvent({"type": "ping"}, "ping")
+    assert encode_frame(renderer.heartbeat()) == b'event: ping\ndata: {"type":"ping"}\n\n'
 
 
 def test_stream_skips_empty_deltas(ctx: ProtocolContext) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
     for ev in (TextDelta(""), ReasoningDelta(""), ToolCallArgsDelta(0, "x")):
-        assert renderer.delta(ev) == b""
+        assert renderer.delta(ev) == []
 
 
 # --- errors -----------------------------------------------------------------------------------

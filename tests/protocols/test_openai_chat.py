@@ -13,11 +13,12 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from engine.errors import EngineFailed, InvalidRequest
 from engine.types import Finished, FinishReason, TextDelta, TokenLogprob, Usage
 from protocols import openai_chat, structured
-from protocols.contract import Job, ProtocolContext, Result, WireFormat
+from protocols.contract import KEEP_ALIVE, Frames, Job, ProtocolContext, Result, WireFormat
+from protocols.openai_common import DONE
 
 FORMAT: WireFormat = openai_chat.FORMAT
 USER = {"role": "user", "content": "hi"}
-Frames = Callable[[bytes], list[Any]]
+Split = Callable[[Frames], list[Any]]
 
 
 def parse(ctx: ProtocolContext, **fields: Any) -> Job:
@@ -291,7 +292,7 @@ def test_to_json_reports_length_finish(ctx: ProtocolContext) -> None:
 # --- streaming ------------------------------------------------------------------------------
 
 
-def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> bytes:
+def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> Frames:
     renderer = FORMAT.renderer(job, ctx)
     out = renderer.start()
     for text in texts:
@@ -299,7 +300,7 @@ def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> bytes:
     return out + renderer.finish(Finished(FinishReason.STOP, Usage(4, len(texts))))
 
 
-def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, messages=[USER], stream=True)
     frames = sse_frames(run_stream(job, ctx, ["Hel", "lo"]))
     head = {
@@ -324,7 +325,7 @@ def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: F
         ChatCompletionChunk.model_validate(frame)
 
 
-def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, messages=[USER], stream=True, stream_options={"include_usage": True})
     frames = sse_frames(run_stream(job, ctx, ["a", "b", "c"]))
     assert [f["usage"] for f in frames[:-2]] == [None] * 5
@@ -348,10 +349,10 @@ def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Fr
 
 def test_stream_skips_empty_deltas(ctx: ProtocolContext) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
-    assert renderer.delta(TextDelta("", token_ids=(5,))) == b""
+    assert renderer.delta(TextDelta("", token_ids=(5,))) == []
 
 
-def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Split) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
     frames = sse_frames(renderer.error(EngineFailed("engine crashed")))
     assert frames == [
@@ -362,10 +363,10 @@ def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Frames) 
 
 def test_stream_heartbeat_is_sse_comment(ctx: ProtocolContext) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
-    assert renderer.heartbeat() == b": keep-alive\n\n"
+    assert renderer.heartbeat() == KEEP_ALIVE
 
 
-def test_n_choices_render_indexed_and_usage_combined(ctx: ProtocolContext) -> None:
+def test_n_choices_render_indexed_and_usage_combined(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, messages=[USER], n=2, stream=True, stream_options={"include_usage": True})
     assert job.n == 2
     results = [
@@ -378,14 +379,12 @@ def test_n_choices_render_indexed_and_usage_combined(ctx: ProtocolContext) -> No
     assert body["usage"]["prompt_tokens"] == 7 and body["usage"]["completion_tokens"] == 6
     stream = FORMAT.renderer(job, ctx)
     first_finish = stream.finish(Finished(FinishReason.STOP, Usage(7, 2)), 0)
-    assert b"[DONE]" not in first_finish  # the other choice is still running
-    last = stream.finish(Finished(FinishReason.LENGTH, Usage(7, 4)), 1)
-    frames = [f for f in last.split(b"\n\n") if f]
-    assert frames[-1] == b"data: [DONE]"
-    usage = orjson.loads(frames[-2][6:])["usage"]
-    assert usage["completion_tokens"] == 6
-    primer = stream.start()
-    assert primer.count(b'"role":"assistant"') == 2
+    assert DONE not in first_finish  # the other choice is still running
+    frames = sse_frames(stream.finish(Finished(FinishReason.LENGTH, Usage(7, 4)), 1))
+    assert frames[-1] == "[DONE]"
+    assert frames[-2]["usage"]["completion_tokens"] == 6
+    primer = sse_frames(stream.start())
+    assert [c["choices"][0]["delta"]["role"] for c in primer] == ["assistant"] * 2
 
 
 def test_parse_logprobs_true_with_top_logprobs(ctx: ProtocolContext) -> None:
@@ -396,7 +395,7 @@ def test_parse_logprobs_true_with_top_logprobs(ctx: ProtocolContext) -> None:
     assert parse_error(ctx, messages=[USER], logprobs=True, top_logprobs=21).param == "top_logprobs"
 
 
-def test_logprobs_render_in_openai_shape(ctx: ProtocolContext) -> None:
+def test_logprobs_render_in_openai_shape(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, messages=[USER], logprobs=True, top_logprobs=2)
     entry = TokenLogprob("Hi", -0.1, (("Hi", -0.1), ("Hey", -2.5)))
     body = orjson.loads(
@@ -406,8 +405,8 @@ def test_logprobs_render_in_openai_shape(ctx: ProtocolContext) -> None:
     content = parsed.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content[0].token == "Hi" and content[0].bytes == [72, 105]  # type: ignore[index]
     assert [t.token for t in content[0].top_logprobs] == ["Hi", "Hey"]  # type: ignore[index]
-    chunk = FORMAT.renderer(job, ctx).delta(TextDelta("Hi", (1,), (entry,)))
-    assert orjson.loads(chunk[6:])["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.1
+    [chunk] = sse_frames(FORMAT.renderer(job, ctx).delta(TextDelta("Hi", (1,), (entry,))))
+    assert chunk["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.1
 
 
 def test_parse_reasoning_effort_switches_thinking(ctx: ProtocolContext) -> None:

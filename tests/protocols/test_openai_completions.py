@@ -12,10 +12,10 @@ from openai.types import Completion
 from engine.errors import InvalidRequest, QueueFull
 from engine.types import Finished, FinishReason, TextDelta, Usage
 from protocols import openai_completions
-from protocols.contract import Job, ProtocolContext, Result, WireFormat
+from protocols.contract import KEEP_ALIVE, Frames, Job, ProtocolContext, Result, WireFormat
 
 FORMAT: WireFormat = openai_completions.FORMAT
-Frames = Callable[[bytes], list[Any]]
+Split = Callable[[Frames], list[Any]]
 
 
 def parse(ctx: ProtocolContext, **fields: Any) -> Job:
@@ -152,7 +152,7 @@ def test_to_json_matches_openai_shape(ctx: ProtocolContext) -> None:
 # --- streaming ------------------------------------------------------------------------------
 
 
-def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> bytes:
+def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> Frames:
     renderer = FORMAT.renderer(job, ctx)
     out = renderer.start()
     for text in texts:
@@ -160,9 +160,9 @@ def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> bytes:
     return out + renderer.finish(Finished(FinishReason.STOP, Usage(3, len(texts)), "\n"))
 
 
-def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, prompt="Once", stream=True)
-    assert FORMAT.renderer(job, ctx).start() == b""
+    assert FORMAT.renderer(job, ctx).start() == []
     frames = sse_frames(run_stream(job, ctx, [" upon", " a"]))
     head = {
         "id": job.request.id,
@@ -180,7 +180,7 @@ def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: F
         sdk_chunk(frame)
 
 
-def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, prompt="Once", stream=True, stream_options={"include_usage": True})
     frames = sse_frames(run_stream(job, ctx, ["x", "", "y"]))
     assert [f["usage"] for f in frames[:-2]] == [None] * 3
@@ -190,7 +190,7 @@ def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Fr
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "xy"
 
 
-def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Split) -> None:
     renderer = FORMAT.renderer(parse(ctx, prompt="x", stream=True), ctx)
     frames = sse_frames(renderer.error(QueueFull("too many requests waiting")))
     assert frames == [
@@ -204,7 +204,7 @@ def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Frames) 
         },
         "[DONE]",
     ]
-    assert renderer.heartbeat() == b": keep-alive\n\n"
+    assert renderer.heartbeat() == KEEP_ALIVE
 
 
 def test_parse_logprobs_is_an_integer_of_alternatives(ctx: ProtocolContext) -> None:

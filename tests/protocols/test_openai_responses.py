@@ -26,7 +26,7 @@ from engine.types import (
     Usage,
 )
 from protocols import openai_responses, structured
-from protocols.contract import NotFound, ProtocolContext, Result
+from protocols.contract import KEEP_ALIVE, NotFound, ProtocolContext, Result
 from protocols.openai_responses import OpenAIResponses, ResponsesJob, ResponsesStore
 from tests.protocols.scripted import (
     ScriptedServer,
@@ -789,9 +789,9 @@ def test_stream_failure_codes(fmt: OpenAIResponses, ctx: ProtocolContext, exc: S
 
 def test_stream_heartbeat_and_empty_deltas(fmt: OpenAIResponses, ctx: ProtocolContext) -> None:
     renderer = fmt.renderer(parse(fmt, ctx, input="hi", stream=True), ctx)
-    assert renderer.heartbeat() == b": keep-alive\n\n"
+    assert renderer.heartbeat() == KEEP_ALIVE
     for ev in (TextDelta(""), ReasoningDelta(""), ToolCallArgsDelta(0, "{}")):
-        assert renderer.delta(ev) == b""
+        assert renderer.delta(ev) == []
 
 
 def test_renderer_rejects_foreign_jobs(fmt: OpenAIResponses, ctx: ProtocolContext) -> None:
