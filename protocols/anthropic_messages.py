@@ -30,12 +30,11 @@ from engine.types import (
 from protocols import conversation as conv
 from protocols import openai_common as common
 from protocols import structured
-from protocols.contract import Job, ProtocolContext, Result, ToolCall
+from protocols.contract import Frame, Frames, Job, ProtocolContext, Result, SseEvent, ToolCall
 from protocols.conversation import TemplateConversation
 
 ID_PREFIX = "msg"
 TOOL_ID_PREFIX = "toolu_"
-PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 
 _STOP_REASONS = {
     FinishReason.STOP: "end_turn",
@@ -474,7 +473,7 @@ class MessageStream:
         self._open: str | None = None
         self._tool_blocks: dict[int, int] = {}
 
-    def start(self) -> bytes:
+    def start(self) -> Frames:
         usage = usage_json(Usage(len(self._job.request.prompt_tokens), 0))
         message = {
             **_message_head(self._job),
@@ -483,9 +482,9 @@ class MessageStream:
             "stop_sequence": None,
             "usage": usage,
         }
-        return conv.event("message_start", {"type": "message_start", "message": message}) + PING
+        return [_event("message_start", message=message), self.heartbeat()]
 
-    def delta(self, event: Delta, index: int = 0) -> bytes:
+    def delta(self, event: Delta, index: int = 0) -> Frames:
         if isinstance(event, ToolCallStart):
             out = self._begin(
                 "tool_use", {"type": "tool_use", "id": tool_use_id(event.id), "name": event.name, "input": {}}
@@ -495,62 +494,60 @@ class MessageStream:
         if isinstance(event, ToolCallArgsDelta):
             return self._tool_args(event)
         if not event.text:
-            return b""
+            return []
         if isinstance(event, TextDelta):
             out = self._open_as("text", {"type": "text", "text": ""})
-            return out + self._delta(self._index, {"type": "text_delta", "text": event.text})
+            return [*out, self._delta(self._index, {"type": "text_delta", "text": event.text})]
         out = self._open_as("thinking", {"type": "thinking", "thinking": "", "signature": ""})
         if not self._job.show_thinking:
             return out
-        return out + self._delta(self._index, {"type": "thinking_delta", "thinking": event.text})
+        return [*out, self._delta(self._index, {"type": "thinking_delta", "thinking": event.text})]
 
-    def _open_as(self, kind: str, block: dict[str, Any]) -> bytes:
-        return b"" if self._open == kind else self._begin(kind, block)
+    def _open_as(self, kind: str, block: dict[str, Any]) -> Frames:
+        return [] if self._open == kind else self._begin(kind, block)
 
-    def _tool_args(self, event: ToolCallArgsDelta) -> bytes:
+    def _tool_args(self, event: ToolCallArgsDelta) -> Frames:
         index = self._tool_blocks.get(event.index)
         if index is None or not event.arguments:
-            return b""
-        return self._delta(index, {"type": "input_json_delta", "partial_json": event.arguments})
+            return []
+        return [self._delta(index, {"type": "input_json_delta", "partial_json": event.arguments})]
 
-    def _begin(self, kind: str, block: dict[str, Any]) -> bytes:
+    def _begin(self, kind: str, block: dict[str, Any]) -> Frames:
         out = self._close()
         self._index += 1
         self._open = kind
-        return out + conv.event(
-            "content_block_start",
-            {"type": "content_block_start", "index": self._index, "content_block": block},
-        )
+        return [*out, _event("content_block_start", index=self._index, content_block=block)]
 
-    def _delta(self, index: int, delta: dict[str, Any]) -> bytes:
-        return conv.event(
-            "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
-        )
+    def _delta(self, index: int, delta: dict[str, Any]) -> SseEvent:
+        return _event("content_block_delta", index=index, delta=delta)
 
-    def _close(self) -> bytes:
+    def _close(self) -> Frames:
         if self._open is None:
-            return b""
+            return []
         self._open = None
-        return conv.event("content_block_stop", {"type": "content_block_stop", "index": self._index})
+        return [_event("content_block_stop", index=self._index)]
 
-    def finish(self, event: Finished, index: int = 0) -> bytes:
+    def finish(self, event: Finished, index: int = 0) -> Frames:
         delta = {
             "stop_reason": stop_reason(event.reason, event.stop_sequence),
             "stop_sequence": event.stop_sequence,
         }
-        return (
-            self._close()
-            + conv.event(
-                "message_delta", {"type": "message_delta", "delta": delta, "usage": usage_json(event.usage)}
-            )
-            + conv.event("message_stop", {"type": "message_stop"})
-        )
+        return [
+            *self._close(),
+            _event("message_delta", delta=delta, usage=usage_json(event.usage)),
+            _event("message_stop"),
+        ]
 
-    def error(self, exc: ServeError) -> bytes:
-        return conv.event("error", error_json(exc))
+    def error(self, exc: ServeError) -> Frames:
+        return [SseEvent(error_json(exc), "error")]
 
-    def heartbeat(self) -> bytes:
-        return PING
+    def heartbeat(self) -> Frame:
+        return _event("ping")
+
+
+def _event(kind: str, **payload: Any) -> SseEvent:
+    """Anthropic names each event after its payload's `type`, which comes first."""
+    return SseEvent({"type": kind, **payload}, kind)
 
 
 def _own(job: Job) -> MessagesJob:

@@ -97,6 +97,27 @@ class Result:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One server-sent event: `data` a JSON payload, or literal text (OpenAI's `[DONE]`);
+    `event` its name where the format names events (Anthropic, Responses)."""
+
+    data: dict[str, Any] | str
+    event: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SseComment:
+    """A comment line clients skip: what keeps a quiet stream alive through proxies."""
+
+    text: str
+
+
+Frame = SseEvent | SseComment
+Frames = list[Frame]
+KEEP_ALIVE = SseComment("keep-alive")
+
+
 class EventStream(Protocol):
     """What the writer needs of an engine stream (RequestStream, observe.TrackedStream)."""
 
@@ -107,16 +128,21 @@ class EventStream(Protocol):
 
 
 class StreamRenderer(Protocol):
-    """Turns engine events into one wire format's SSE frames."""
+    """Turns engine events into one wire format's SSE events; the writer frames and sends them."""
 
-    def start(self) -> bytes: ...
-    def delta(self, event: Delta, index: int = 0) -> bytes: ...
-    def finish(self, event: Finished, index: int = 0) -> bytes:
+    def start(self) -> Frames: ...
+    def delta(self, event: Delta, index: int = 0) -> Frames: ...
+    def finish(self, event: Finished, index: int = 0) -> Frames:
         """One choice ended; with n choices, the format closes the stream after the last."""
         ...
 
-    def error(self, exc: ServeError) -> bytes: ...
-    def heartbeat(self) -> bytes: ...
+    def error(self, exc: ServeError) -> Frames:
+        """The in-band error after headers, with the format's terminal events."""
+        ...
+
+    def heartbeat(self) -> Frame:
+        """What the writer sends while the engine is quiet."""
+        ...
 
 
 class WireFormat(Protocol):

@@ -1,5 +1,5 @@
 """What the Anthropic and Responses formats share: conversations for chat templates, sampling,
-prompt rendering, ids and named-event SSE frames.
+prompt rendering and ids.
 
 Both formats describe a conversation as typed items; chat templates understand OpenAI-style
 message dicts, the same ones `openai_chat` renders, so one prompt costs the same tokens in
@@ -23,11 +23,6 @@ TEXT_SEPARATOR = "\n\n"
 def new_id(prefix: str) -> str:
     """`msg_…`, `resp_…`, `fc_…`: the format's prefix and 32 random hex digits."""
     return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def event(name: str, payload: dict[str, Any]) -> bytes:
-    """One SSE frame with an `event:` line, as both Anthropic and the Responses API send them."""
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 def join_text(parts: list[str]) -> str:

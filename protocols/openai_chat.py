@@ -25,7 +25,7 @@ from engine.types import (
 from protocols import conversation as conv
 from protocols import openai_common as common
 from protocols import structured
-from protocols.contract import Job, ProtocolContext, Result
+from protocols.contract import Frames, Job, ProtocolContext, Result
 
 OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -253,12 +253,10 @@ def _logprobs(entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
 class ChatStream(common.ChunkStream):
     """chat.completion.chunk frames: a role primer, content deltas, a finish chunk."""
 
-    def start(self) -> bytes:
-        return b"".join(
-            self.frame(_choice({"role": "assistant", "content": ""}, index=i)) for i in range(self._n)
-        )
+    def start(self) -> Frames:
+        return [self.frame(_choice({"role": "assistant", "content": ""}, index=i)) for i in range(self._n)]
 
-    def delta(self, event: Delta, index: int = 0) -> bytes:
+    def delta(self, event: Delta, index: int = 0) -> Frames:
         if isinstance(event, ToolCallStart):  # the call's id and name come first, arguments after
             call = {
                 "index": event.index,
@@ -266,19 +264,19 @@ class ChatStream(common.ChunkStream):
                 "type": "function",
                 "function": {"name": event.name, "arguments": ""},
             }
-            return self.frame(_choice({"tool_calls": [call]}, index=index))
+            return [self.frame(_choice({"tool_calls": [call]}, index=index))]
         if isinstance(event, ReasoningDelta):  # both names clients read reasoning under
-            return self.frame(
-                _choice({"reasoning": event.text, "reasoning_content": event.text}, index=index)
-            )
+            return [
+                self.frame(_choice({"reasoning": event.text, "reasoning_content": event.text}, index=index))
+            ]
         if isinstance(event, ToolCallArgsDelta):
             call = {"index": event.index, "function": {"arguments": event.arguments}}
-            return self.frame(_choice({"tool_calls": [call]}, index=index))
+            return [self.frame(_choice({"tool_calls": [call]}, index=index))]
         if not isinstance(event, TextDelta) or not (event.text or event.logprobs):
-            return b""
-        return self.frame(_choice({"content": event.text}, index=index, logprobs=event.logprobs))
+            return []
+        return [self.frame(_choice({"content": event.text}, index=index, logprobs=event.logprobs))]
 
-    def finish(self, event: Finished, index: int = 0) -> bytes:
+    def finish(self, event: Finished, index: int = 0) -> Frames:
         return self.closing(_choice({}, event.reason.value, index), event.usage)
 
 

@@ -1,7 +1,7 @@
 """What the OpenAI chat and completions formats share.
 
 The request fields both accept (sampling, limits, stop, stream options and the fields we refuse
-until they are supported), the error envelope, the usage object and the SSE chunk framing.
+until they are supported), the error envelope, the usage object and the stream's chunk events.
 """
 
 from __future__ import annotations
@@ -18,11 +18,21 @@ from msgspec import Meta, Struct
 from engine.errors import ContextTooLong, InvalidRequest, QueueFull, ServeError
 from engine.types import Request, SamplingParams, TokenLogprob, Usage
 from protocols import structured
-from protocols.contract import Job, MethodNotAllowed, NotFound, PayloadTooLarge, ProtocolContext, Unauthorized
+from protocols.contract import (
+    KEEP_ALIVE,
+    Frame,
+    Frames,
+    Job,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolContext,
+    SseEvent,
+    Unauthorized,
+)
 
-DONE = b"data: [DONE]\n\n"
+DONE = SseEvent("[DONE]")
 MAX_CHOICES = 16
-HEARTBEAT = b": keep-alive\n\n"
 MAX_STOP_STRINGS = 16
 
 _ENGINE_DEFAULTS = SamplingParams()
@@ -416,10 +426,6 @@ def token_logprob_json(t: TokenLogprob) -> dict[str, Any]:
     }
 
 
-def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
 def combined_usage(usages: list[Usage]) -> Usage:
     """One call's usage over its choices: the prompt counted once, completions summed."""
     first = usages[0]
@@ -434,7 +440,7 @@ def combined_usage(usages: list[Usage]) -> Usage:
 
 
 class ChunkStream:
-    """SSE framing shared by both formats; subclasses shape each choice.
+    """The chunk sequence both formats stream; subclasses shape each choice.
 
     With `include_usage` every chunk carries `"usage": null` and a last chunk with no choices
     carries the usage, as OpenAI sends them. With n choices, the usage chunk and the
@@ -447,24 +453,27 @@ class ChunkStream:
         self._n = n
         self._usages: list[Usage] = []
 
-    def frame(self, choice: dict[str, Any]) -> bytes:
+    def frame(self, choice: dict[str, Any]) -> SseEvent:
         chunk = {**self._head, "choices": [choice]}
         if self._include_usage:
             chunk["usage"] = None
-        return sse(chunk)
+        return SseEvent(chunk)
 
-    def closing(self, choice: dict[str, Any], usage: Usage) -> bytes:
+    def closing(self, choice: dict[str, Any], usage: Usage) -> Frames:
         """A choice's finishing chunk; after the last choice, the usage chunk and terminator."""
-        out = self.frame(choice)
+        out: Frames = [self.frame(choice)]
         self._usages.append(usage)
         if len(self._usages) < self._n:
             return out
         if self._include_usage:
-            out += sse({**self._head, "choices": [], "usage": usage_json(combined_usage(self._usages))})
-        return out + DONE
+            out.append(
+                SseEvent({**self._head, "choices": [], "usage": usage_json(combined_usage(self._usages))})
+            )
+        out.append(DONE)
+        return out
 
-    def error(self, exc: ServeError) -> bytes:
-        return sse(error_json(exc)) + DONE
+    def error(self, exc: ServeError) -> Frames:
+        return [SseEvent(error_json(exc)), DONE]
 
-    def heartbeat(self) -> bytes:
-        return HEARTBEAT
+    def heartbeat(self) -> Frame:
+        return KEEP_ALIVE

@@ -14,7 +14,7 @@ from engine.errors import InvalidRequest, ServeError
 from engine.tokenizer import ChatTokenizer
 from engine.types import Delta, Finished, TextDelta, TokenLogprob
 from protocols import openai_common as common
-from protocols.contract import Job, ProtocolContext, Result
+from protocols.contract import Frames, Job, ProtocolContext, Result
 
 OBJECT = "text_completion"
 ID_PREFIX = "cmpl"
@@ -116,16 +116,16 @@ def _legacy_logprobs(entries: tuple[TokenLogprob, ...], offset: int = 0) -> dict
 class CompletionStream(common.ChunkStream):
     """text_completion frames: text deltas, then a finish chunk; no primer."""
 
-    def start(self) -> bytes:
-        return b""
+    def start(self) -> Frames:
+        return []
 
-    def delta(self, event: Delta, index: int = 0) -> bytes:
+    def delta(self, event: Delta, index: int = 0) -> Frames:
         if not isinstance(event, TextDelta) or not (event.text or event.logprobs):
-            return b""
+            return []
         logprobs = _legacy_logprobs(event.logprobs) if event.logprobs else None
-        return self.frame(_choice(event.text, index=index, logprobs=logprobs))
+        return [self.frame(_choice(event.text, index=index, logprobs=logprobs))]
 
-    def finish(self, event: Finished, index: int = 0) -> bytes:
+    def finish(self, event: Finished, index: int = 0) -> Frames:
         return self.closing(_choice("", event.reason.value, index), event.usage)
 
 

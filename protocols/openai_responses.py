@@ -35,11 +35,10 @@ from engine.types import (
 from protocols import conversation as conv
 from protocols import openai_common as common
 from protocols import structured
-from protocols.contract import Job, NotFound, ProtocolContext, Result
+from protocols.contract import KEEP_ALIVE, Frame, Frames, Job, NotFound, ProtocolContext, Result, SseEvent
 from protocols.conversation import TemplateConversation
 
 ID_PREFIX = "resp"
-HEARTBEAT = b": keep-alive\n\n"
 MIB = 1 << 20
 
 
@@ -534,47 +533,45 @@ class ResponseStream:
         self._output: list[dict[str, Any]] = []
         self._open: _OpenItem | None = None
 
-    def _emit(self, kind: str, **payload: Any) -> bytes:
-        frame = conv.event(kind, {"type": kind, **payload, "sequence_number": self._seq})
+    def _emit(self, kind: str, **payload: Any) -> SseEvent:
+        event = SseEvent({"type": kind, **payload, "sequence_number": self._seq}, kind)
         self._seq += 1
-        return frame
+        return event
 
     def _at(self, item: _OpenItem) -> dict[str, Any]:
         return {"item_id": item.item_id, "output_index": len(self._output)}
 
-    def start(self) -> bytes:
+    def start(self) -> Frames:
         response = response_json(self._job, self._ctx, "in_progress", [])
-        return self._emit("response.created", response=response) + self._emit(
-            "response.in_progress", response=response
-        )
+        return [
+            self._emit("response.created", response=response),
+            self._emit("response.in_progress", response=response),
+        ]
 
-    def delta(self, event: Delta, index: int = 0) -> bytes:
+    def delta(self, event: Delta, index: int = 0) -> Frames:
         if isinstance(event, TextDelta | ReasoningDelta):
             if not event.text:
-                return b""
+                return []
             kind = "message" if isinstance(event, TextDelta) else "reasoning"
-            out = b"" if self._open and self._open.kind == kind else self._begin(kind)
-            return out + self._text(event.text)
+            out = [] if self._open and self._open.kind == kind else self._begin(kind)
+            return [*out, self._text(event.text)]
         if isinstance(event, ToolCallStart):
             return self._begin_call(event)
         return self._call_args(event)
 
-    def _begin(self, kind: str) -> bytes:
+    def _begin(self, kind: str) -> Frames:
         out = self._close("completed")
         item = self._open = _OpenItem(kind, conv.new_id("msg" if kind == "message" else "rs"))
         make = message_item if kind == "message" else reasoning_item
         part = text_part("") if kind == "message" else {"type": "reasoning_text", "text": ""}
-        return (
-            out
-            + self._emit(
-                "response.output_item.added",
-                output_index=len(self._output),
-                item=make(item.item_id, "in_progress", None),
-            )
-            + self._emit("response.content_part.added", **self._at(item), content_index=0, part=part)
-        )
+        added = make(item.item_id, "in_progress", None)
+        return [
+            *out,
+            self._emit("response.output_item.added", output_index=len(self._output), item=added),
+            self._emit("response.content_part.added", **self._at(item), content_index=0, part=part),
+        ]
 
-    def _text(self, text: str) -> bytes:
+    def _text(self, text: str) -> SseEvent:
         item = self._open
         assert item is not None
         item.pieces.append(text)
@@ -584,60 +581,61 @@ class ResponseStream:
             )
         return self._emit("response.reasoning_text.delta", **self._at(item), content_index=0, delta=text)
 
-    def _begin_call(self, event: ToolCallStart) -> bytes:
+    def _begin_call(self, event: ToolCallStart) -> Frames:
         out = self._close("completed")
         item = self._open = _OpenItem(
             "function_call", conv.new_id("fc"), call_index=event.index, call_id=event.id, name=event.name
         )
         added = call_item(item.item_id, "in_progress", item.call_id, item.name, "")
-        return out + self._emit("response.output_item.added", output_index=len(self._output), item=added)
+        return [*out, self._emit("response.output_item.added", output_index=len(self._output), item=added)]
 
-    def _call_args(self, event: ToolCallArgsDelta) -> bytes:
+    def _call_args(self, event: ToolCallArgsDelta) -> Frames:
         item = self._open
         if item is None or item.call_index != event.index or not event.arguments:
-            return b""
+            return []
         item.pieces.append(event.arguments)
-        return self._emit("response.function_call_arguments.delta", **self._at(item), delta=event.arguments)
+        return [self._emit("response.function_call_arguments.delta", **self._at(item), delta=event.arguments)]
 
-    def _close(self, status: str) -> bytes:
+    def _close(self, status: str) -> Frames:
         item, self._open = self._open, None
         if item is None:
-            return b""
+            return []
         text, at = "".join(item.pieces), self._at(item)
+        out: Frames
         if item.kind == "function_call":
-            out = self._emit("response.function_call_arguments.done", **at, arguments=text)
+            out = [self._emit("response.function_call_arguments.done", **at, arguments=text)]
             done = call_item(item.item_id, status, item.call_id, item.name, text)
         elif item.kind == "message":
-            out = self._emit(
-                "response.output_text.done", **at, content_index=0, text=text, logprobs=[]
-            ) + self._emit("response.content_part.done", **at, content_index=0, part=text_part(text))
+            out = [
+                self._emit("response.output_text.done", **at, content_index=0, text=text, logprobs=[]),
+                self._emit("response.content_part.done", **at, content_index=0, part=text_part(text)),
+            ]
             done = message_item(item.item_id, status, text)
         else:
-            out = self._emit("response.reasoning_text.done", **at, content_index=0, text=text) + self._emit(
-                "response.content_part.done",
-                **at,
-                content_index=0,
-                part={"type": "reasoning_text", "text": text},
-            )
+            part = {"type": "reasoning_text", "text": text}
+            out = [
+                self._emit("response.reasoning_text.done", **at, content_index=0, text=text),
+                self._emit("response.content_part.done", **at, content_index=0, part=part),
+            ]
             done = reasoning_item(item.item_id, status, text)
-        out += self._emit("response.output_item.done", output_index=len(self._output), item=done)
+        out.append(self._emit("response.output_item.done", output_index=len(self._output), item=done))
         self._output.append(done)
         return out
 
-    def finish(self, event: Finished, index: int = 0) -> bytes:
+    def finish(self, event: Finished, index: int = 0) -> Frames:
         out = self._close("incomplete" if event.reason is FinishReason.LENGTH else "completed")
         status = finished_status(event.reason)
         response = response_json(self._job, self._ctx, status, self._output, event.usage)
         self._fmt.remember(self._job, response, self._output)
-        return out + self._emit(f"response.{status}", response=response)
+        return [*out, self._emit(f"response.{status}", response=response)]
 
-    def error(self, exc: ServeError) -> bytes:
+    def error(self, exc: ServeError) -> Frames:
         out = self._close("incomplete")
         response = response_json(self._job, self._ctx, "failed", self._output, error=failure_json(exc))
-        return out + self._emit("response.failed", response=response)
+        return [*out, self._emit("response.failed", response=response)]
 
-    def heartbeat(self) -> bytes:
-        return HEARTBEAT
+    def heartbeat(self) -> Frame:
+        return KEEP_ALIVE
 
 
 def _own(job: Job) -> ResponsesJob:

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llguidance import LLMatcher, grammar_from
 
 from engine.errors import InvalidRequest
 from engine.tools.formats import HERMES
 
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+JSON_STYLE: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -48,7 +51,9 @@ def json_schema(schema: Any, param: str) -> str:
             raise InvalidRequest(f"invalid JSON schema: not JSON: {exc}", param=param) from exc
     if not isinstance(schema, dict | bool):
         raise InvalidRequest("a JSON schema must be an object", param=param)
-    return checked(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE), param, "JSON schema")
+    # A boolean schema goes as its JSON text: the same grammar, and the type llguidance declares.
+    text = schema if isinstance(schema, dict) else json.dumps(schema)
+    return checked(LLMatcher.grammar_from_json_schema(text, defaults=JSON_STYLE), param, "JSON schema")
 
 
 def regex(pattern: str, param: str) -> str:

@@ -1,8 +1,10 @@
 """The one response writer: JSON bodies and SSE streams, for every wire format.
 
-It knows nothing of formats: a protocol's renderer turns events into bytes. It owns the
-headers, the heartbeats and the disconnect watch (Hypercorn's send() does not fail after
-a client leaves, so receive() is watched for http.disconnect and the engine told at once).
+It knows nothing of formats: a protocol's renderer turns engine events into SSE events
+(`protocols.contract.SseEvent`, `SseComment`) and this module alone writes them as SSE bytes.
+It owns the headers, the framing, the heartbeat cadence, the end of the body and the
+disconnect watch (Hypercorn's send() does not fail after a client leaves, so receive() is
+watched for http.disconnect and the engine told at once).
 """
 
 from __future__ import annotations
@@ -11,9 +13,20 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 
+import orjson
+
 from engine.errors import ServeError
 from engine.types import Delta, Finished, ReasoningDelta, TextDelta, TokenLogprob, ToolCallStart
-from protocols.contract import EventStream, Receive, Result, Send, StreamRenderer, ToolCall
+from protocols.contract import (
+    EventStream,
+    Frame,
+    Receive,
+    Result,
+    Send,
+    SseComment,
+    StreamRenderer,
+    ToolCall,
+)
 
 Headers = list[tuple[bytes, bytes]]
 SSE_HEADERS: Headers = [
@@ -21,6 +34,26 @@ SSE_HEADERS: Headers = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+
+
+def encode(frames: Iterable[Frame]) -> bytes:
+    """A batch of events as one SSE body chunk: the only place SSE syntax is written."""
+    return b"".join([encode_frame(frame) for frame in frames])
+
+
+def encode_frame(frame: Frame) -> bytes:
+    if isinstance(frame, SseComment):
+        return _lines(b": ", frame.text) + b"\n"
+    data = frame.data
+    # orjson never writes a newline; literal text may span lines, each its own `data:` field.
+    body = b"data: " + orjson.dumps(data) + b"\n" if isinstance(data, dict) else _lines(b"data: ", data)
+    if frame.event is None:
+        return body + b"\n"
+    return b"event: " + frame.event.encode() + b"\n" + body + b"\n"
+
+
+def _lines(field: bytes, text: str) -> bytes:
+    return b"".join([field + line + b"\n" for line in text.encode().split(b"\n")])
 
 
 async def send_json(
@@ -108,12 +141,13 @@ async def stream_sse(
     heartbeat_s: float,
     extra: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
-    """Headers, then one frame per event, heartbeats while quiet, an error frame on failure."""
+    """Headers, then one body chunk per engine event, heartbeats while quiet, the renderer's
+    error events on a ServeError, and the end of the body however the stream ends."""
     watcher = watch_disconnect(receive, stream)
     body = _BodySender(send)
     try:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + list(extra)})
-        await body(renderer.start())
+        await body(encode(renderer.start()))
         await _pump(stream, renderer, body, heartbeat_s)
     finally:
         watcher.cancel()
@@ -128,15 +162,15 @@ async def _pump(stream: EventStream, renderer: StreamRenderer, body: _BodySender
             async with asyncio.timeout(heartbeat_s):
                 item = await stream.next()
         except TimeoutError:
-            await body(renderer.heartbeat())
+            await body(encode_frame(renderer.heartbeat()))
             continue
         except ServeError as exc:
-            await body(renderer.error(exc))
+            await body(encode(renderer.error(exc)))
             return
         if item is None:
             return
         i, ev = item
-        await body(renderer.finish(ev, i) if isinstance(ev, Finished) else renderer.delta(ev, i))
+        await body(encode(renderer.finish(ev, i) if isinstance(ev, Finished) else renderer.delta(ev, i)))
 
 
 class _BodySender:

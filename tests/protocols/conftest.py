@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from protocols.contract import Defaults, ProtocolContext
+from protocols.contract import Defaults, Frames, ProtocolContext
+from server.writer import encode
 
 VOCAB_SIZE = 1000
 CREATED = 1_700_000_000
@@ -37,8 +38,12 @@ class FakeTokenizer:
     def encode_continuation(self, text: str) -> list[int]:
         return self.encode(text)
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
         self.chat_calls.append(ChatCall(messages, tools, template_kwargs))
         if self.template_error is not None:
             raise ValueError(self.template_error)
@@ -53,14 +58,24 @@ def tokenizer() -> FakeTokenizer:
 
 @pytest.fixture
 def defaults() -> Defaults:
-    return Defaults(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, max_tokens=256,
-                    chat_template_args={"enable_thinking": False, "house": "server"})
+    return Defaults(
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        max_tokens=256,
+        chat_template_args={"enable_thinking": False, "house": "server"},
+    )
 
 
 @pytest.fixture
 def ctx(tokenizer: FakeTokenizer, defaults: Defaults) -> ProtocolContext:
-    return ProtocolContext(model_id=MODEL_ID, tokenizer=tokenizer, defaults=defaults,  # type: ignore[arg-type]
-                           created=CREATED)
+    return ProtocolContext(
+        model_id=MODEL_ID,
+        tokenizer=tokenizer,
+        defaults=defaults,  # type: ignore[arg-type]
+        created=CREATED,
+    )
 
 
 @pytest.fixture
@@ -74,15 +89,17 @@ def body() -> Callable[..., bytes]:
 
 
 @pytest.fixture
-def sse_frames() -> Callable[[bytes], list[Any]]:
-    """Split SSE bytes into decoded `data:` payloads ("[DONE]" stays a string)."""
+def sse_frames() -> Callable[[Frames], list[Any]]:
+    """A renderer's events as the writer sends them, split into decoded `data:` payloads
+    ("[DONE]" stays a string)."""
 
-    def split(stream: bytes) -> list[Any]:
+    def split(events: Frames) -> list[Any]:
+        stream = encode(events)
         assert stream.endswith(b"\n\n"), stream
         frames: list[Any] = []
         for raw in stream[:-2].split(b"\n\n"):
             assert raw.startswith(b"data: "), raw
-            payload = raw[len(b"data: "):]
+            payload = raw[len(b"data: ") :]
             frames.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
         return frames
 

@@ -15,25 +15,27 @@ import orjson
 from engine.errors import ServeError
 from engine.types import Event, Finished, FinishReason, TextDelta, Usage
 from protocols.contract import Job, ProtocolContext, WireFormat
-from server.writer import Accumulator
+from server.writer import Accumulator, encode
 
 Route = Callable[[httpx2.Request], tuple[int, bytes]]
 SSE = "text/event-stream; charset=utf-8"
 
 
-def text_events(*pieces: str, usage: Usage | None = None,
-                reason: FinishReason = FinishReason.STOP) -> list[Event]:
+def text_events(
+    *pieces: str, usage: Usage | None = None, reason: FinishReason = FinishReason.STOP
+) -> list[Event]:
     return [*(TextDelta(p) for p in pieces), Finished(reason, usage or Usage(7, len(pieces)))]
 
 
-def render_stream(fmt: WireFormat, job: Job, ctx: ProtocolContext, events: list[Event],
-                  fail: ServeError | None = None) -> bytes:
+def render_stream(
+    fmt: WireFormat, job: Job, ctx: ProtocolContext, events: list[Event], fail: ServeError | None = None
+) -> bytes:
     """What the writer sends for these events: start, a frame per event, then finish or error."""
     renderer = fmt.renderer(job, ctx)
     out = renderer.start()
     for ev in events:
         out += renderer.finish(ev) if isinstance(ev, Finished) else renderer.delta(ev)
-    return out + (renderer.error(fail) if fail is not None else b"")
+    return encode(out + (renderer.error(fail) if fail is not None else []))
 
 
 def render_json(fmt: WireFormat, job: Job, ctx: ProtocolContext, events: list[Event]) -> bytes:
@@ -86,8 +88,7 @@ class ScriptedServer:
             return httpx2.Response(404, json={"error": "no route"})
         if route is not None:
             status, body = route(request)
-            return httpx2.Response(status, content=body,
-                                   headers={"content-type": "application/json"})
+            return httpx2.Response(status, content=body, headers={"content-type": "application/json"})
         return self._generate(request.content)
 
     def _generate(self, body: bytes) -> httpx2.Response:
@@ -95,11 +96,15 @@ class ScriptedServer:
         try:
             job = self.fmt.parse(body, self.ctx)
         except ServeError as exc:
-            return httpx2.Response(exc.status, content=self.fmt.error_body(exc),
-                                   headers={"content-type": "application/json"})
+            return httpx2.Response(
+                exc.status, content=self.fmt.error_body(exc), headers={"content-type": "application/json"}
+            )
         self.jobs.append(job)
         if job.stream:
             stream = render_stream(self.fmt, job, self.ctx, self.events, self.fail)
             return httpx2.Response(200, content=stream, headers={"content-type": SSE})
-        return httpx2.Response(200, content=render_json(self.fmt, job, self.ctx, self.events),
-                               headers={"content-type": "application/json"})
+        return httpx2.Response(
+            200,
+            content=render_json(self.fmt, job, self.ctx, self.events),
+            headers={"content-type": "application/json"},
+        )

@@ -40,10 +40,12 @@ from protocols.contract import (
     PayloadTooLarge,
     ProtocolContext,
     Result,
+    SseEvent,
     ToolCall,
     Unauthorized,
     WireFormat,
 )
+from server.writer import encode_frame
 from tests.protocols.scripted import (
     ScriptedServer,
     render_json,
@@ -56,13 +58,18 @@ FORMAT: WireFormat = anthropic_messages.FORMAT
 USER: Any = {"role": "user", "content": "hi"}
 STREAM_EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
 MISSING = object()
-WEATHER: Any = {"name": "get_weather", "description": "Weather now",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+WEATHER: Any = {
+    "name": "get_weather",
+    "description": "Weather now",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
 TOOL_TURN: list[Event] = [
-    ReasoningDelta("The user wants "), ReasoningDelta("weather."),
+    ReasoningDelta("The user wants "),
+    ReasoningDelta("weather."),
     TextDelta("Let me check."),
     ToolCallStart(0, "call_abc", "get_weather"),
-    ToolCallArgsDelta(0, '{"city": '), ToolCallArgsDelta(0, '"Paris"}'),
+    ToolCallArgsDelta(0, '{"city": '),
+    ToolCallArgsDelta(0, '"Paris"}'),
     ToolCallStart(1, "call_def", "get_weather"),
     ToolCallArgsDelta(1, '{"city": "Rome"}'),
     Finished(FinishReason.TOOL_CALLS, Usage(20, 11, cached_tokens=8)),
@@ -87,16 +94,22 @@ def rendered(ctx: ProtocolContext) -> Any:
 @pytest.fixture
 def server(ctx: ProtocolContext) -> ScriptedServer:
     srv = ScriptedServer(FORMAT, ctx, "/v1/messages")
-    srv.routes[("POST", "/v1/messages/count_tokens")] = (
-        lambda r: anthropic_messages.count_tokens(r.content, ctx))
+    srv.routes[("POST", "/v1/messages/count_tokens")] = lambda r: anthropic_messages.count_tokens(
+        r.content, ctx
+    )
     return srv
 
 
 @pytest.fixture
 def client(server: ScriptedServer) -> Iterator[anthropic.Anthropic]:
     http = httpx2.Client(transport=server.transport())
-    yield anthropic.Anthropic(api_key="k", base_url="http://mlx-serve", http_client=http,
-                              max_retries=0, _strict_response_validation=True)
+    yield anthropic.Anthropic(
+        api_key="k",
+        base_url="http://mlx-serve",
+        http_client=http,
+        max_retries=0,
+        _strict_response_validation=True,
+    )
     http.close()
 
 
@@ -106,22 +119,29 @@ def client(server: ScriptedServer) -> Iterator[anthropic.Anthropic]:
 def test_parse_renders_messages_like_openai_chat(ctx: ProtocolContext) -> None:
     job = parse(ctx, system="be brief", messages=[USER])
     assert rendered(ctx).messages == [{"role": "system", "content": "be brief"}, USER]
-    assert job.request.prompt_tokens == tuple(ctx.tokenizer.encode(
-        "<system>be brief<user>hi<assistant>"))
+    assert job.request.prompt_tokens == tuple(ctx.tokenizer.encode("<system>be brief<user>hi<assistant>"))
     assert job.request.id.startswith("msg_") and len(job.request.id) == 4 + 32
     assert (job.model, job.stream, job.request.max_tokens) == ("claude-x", False, 64)
 
 
 def test_parse_joins_system_blocks_and_system_messages(ctx: ProtocolContext) -> None:
-    system = [{"type": "text", "text": "one", "cache_control": {"type": "ephemeral"}},
-              {"type": "text", "text": "two"}]
-    messages = [USER, {"role": "assistant", "content": "hello"},
-                {"role": "system", "content": [{"type": "text", "text": "three"}]},
-                {"role": "user", "content": "more"}]
+    system = [
+        {"type": "text", "text": "one", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "two"},
+    ]
+    messages = [
+        USER,
+        {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": [{"type": "text", "text": "three"}]},
+        {"role": "user", "content": "more"},
+    ]
     parse(ctx, system=system, messages=messages)
     assert rendered(ctx).messages == [
-        {"role": "system", "content": "one\n\ntwo\n\nthree"}, USER,
-        {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+        {"role": "system", "content": "one\n\ntwo\n\nthree"},
+        USER,
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "more"},
+    ]
 
 
 def test_parse_merges_adjacent_turns_and_text_blocks(ctx: ProtocolContext) -> None:
@@ -133,26 +153,45 @@ def test_parse_merges_adjacent_turns_and_text_blocks(ctx: ProtocolContext) -> No
 def test_parse_turns_tool_use_and_results_into_template_tool_turns(ctx: ProtocolContext) -> None:
     messages = [
         USER,
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "need weather", "signature": "sig"},
-            {"type": "redacted_thinking", "data": "opaque"},
-            {"type": "text", "text": "Checking."},
-            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
-            {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
-            {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
-             "content": [{"type": "text", "text": "no such"}, {"type": "text", "text": "city"}]},
-            {"type": "text", "text": "and tomorrow?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "need weather", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_2",
+                    "is_error": True,
+                    "content": [{"type": "text", "text": "no such"}, {"type": "text", "text": "city"}],
+                },
+                {"type": "text", "text": "and tomorrow?"},
+            ],
+        },
     ]
     parse(ctx, messages=messages, tools=[WEATHER])
     assert rendered(ctx).messages[1:] == [
-        {"role": "assistant", "content": "Checking.", "reasoning_content": "need weather",
-         "tool_calls": [
-             {"id": "toolu_1", "type": "function",
-              "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
-             {"id": "toolu_2", "type": "function",
-              "function": {"name": "get_weather", "arguments": {}}}]},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "reasoning_content": "need weather",
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                },
+                {"id": "toolu_2", "type": "function", "function": {"name": "get_weather", "arguments": {}}},
+            ],
+        },
         {"role": "tool", "content": "sunny", "tool_call_id": "toolu_1"},
         {"role": "tool", "content": "Error: no such\n\ncity", "tool_call_id": "toolu_2"},
         {"role": "user", "content": "and tomorrow?"},
@@ -163,8 +202,14 @@ def test_parse_passes_tools_as_openai_functions(ctx: ProtocolContext) -> None:
     bare = {"name": "now", "input_schema": {"type": "object"}, "type": "custom", "strict": True}
     parse(ctx, messages=[USER], tools=[WEATHER, bare], tool_choice={"type": "auto"})
     assert rendered(ctx).tools == [
-        {"function": {"name": "get_weather", "description": "Weather now",
-                      "parameters": WEATHER["input_schema"]}, "type": "function"},
+        {
+            "function": {
+                "name": "get_weather",
+                "description": "Weather now",
+                "parameters": WEATHER["input_schema"],
+            },
+            "type": "function",
+        },
         {"function": {"name": "now", "parameters": {"type": "object"}}, "type": "function"},
     ]
 
@@ -180,13 +225,15 @@ SCHEMA: Any = {"type": "object", "properties": {"a": {"type": "integer"}}, "requ
 
 @pytest.mark.parametrize(
     ("choice", "name", "required", "parallel"),
-    [({"type": "any"}, None, True, True),
-     ({"type": "any", "disable_parallel_tool_use": True}, None, True, False),
-     ({"type": "tool", "name": "now"}, "now", False, False)],
+    [
+        ({"type": "any"}, None, True, True),
+        ({"type": "any", "disable_parallel_tool_use": True}, None, True, False),
+        ({"type": "tool", "name": "now"}, "now", False, False),
+    ],
 )
-def test_parse_forced_tool_choice_is_a_tool_call_grammar(ctx: ProtocolContext, choice: Any,
-                                                         name: str | None, required: bool,
-                                                         parallel: bool) -> None:
+def test_parse_forced_tool_choice_is_a_tool_call_grammar(
+    ctx: ProtocolContext, choice: Any, name: str | None, required: bool, parallel: bool
+) -> None:
     request = parse(ctx, messages=[USER], tools=[WEATHER, NOW], tool_choice=choice).request
     assert request.forced_tool_calls and request.tools is not None
     assert request.grammar == structured.forced_calls(request.tools, name, required, parallel)
@@ -203,14 +250,17 @@ def test_parse_output_format_is_the_answers_grammar(ctx: ProtocolContext, field:
 
 @pytest.mark.parametrize(
     ("thinking", "kwargs"),
-    [(None, {"enable_thinking": False, "house": "server"}),
-     ({"type": "enabled", "budget_tokens": 2048}, {"enable_thinking": True, "house": "server"}),
-     ({"type": "adaptive"}, {"enable_thinking": True, "house": "server"}),
-     ({"type": "between_tools"}, {"enable_thinking": True, "house": "server"}),
-     ({"type": "disabled"}, {"enable_thinking": False, "house": "server"})],
+    [
+        (None, {"enable_thinking": False, "house": "server"}),
+        ({"type": "enabled", "budget_tokens": 2048}, {"enable_thinking": True, "house": "server"}),
+        ({"type": "adaptive"}, {"enable_thinking": True, "house": "server"}),
+        ({"type": "between_tools"}, {"enable_thinking": True, "house": "server"}),
+        ({"type": "disabled"}, {"enable_thinking": False, "house": "server"}),
+    ],
 )
-def test_parse_maps_thinking_to_template_switch(ctx: ProtocolContext, thinking: Any,
-                                                kwargs: dict[str, Any]) -> None:
+def test_parse_maps_thinking_to_template_switch(
+    ctx: ProtocolContext, thinking: Any, kwargs: dict[str, Any]
+) -> None:
     fields = {} if thinking is None else {"thinking": thinking}
     parse(ctx, messages=[USER], **fields)
     assert rendered(ctx).template_kwargs == kwargs
@@ -219,18 +269,30 @@ def test_parse_maps_thinking_to_template_switch(ctx: ProtocolContext, thinking: 
 def test_parse_resolves_sampling_and_stop(ctx: ProtocolContext) -> None:
     job = parse(ctx, messages=[USER])
     assert job.request.sampling == SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05)
-    job = parse(ctx, messages=[USER], temperature=0, top_p=0.5, top_k=3,
-                stop_sequences=["END", "\n\n"], stream=True)
+    job = parse(
+        ctx, messages=[USER], temperature=0, top_p=0.5, top_k=3, stop_sequences=["END", "\n\n"], stream=True
+    )
     assert job.request.sampling == SamplingParams(temperature=0.0, top_p=0.5, top_k=3, min_p=0.05)
     assert (job.request.stop, job.stream) == (("END", "\n\n"), True)
 
 
 def test_parse_accepts_every_field_the_sdk_sends(ctx: ProtocolContext) -> None:
-    job = parse(ctx, messages=[USER], metadata={"user_id": "u1"}, service_tier="auto",
-                speed="fast", inference_geo="us", cache_control={"type": "ephemeral"},
-                diagnostics={"previous_message_id": None}, user_profile_id="p",
-                workspace_id="w", output_config={"effort": "low"}, container=None,
-                stop_sequences=[], something_new={"x": 1})
+    job = parse(
+        ctx,
+        messages=[USER],
+        metadata={"user_id": "u1"},
+        service_tier="auto",
+        speed="fast",
+        inference_geo="us",
+        cache_control={"type": "ephemeral"},
+        diagnostics={"previous_message_id": None},
+        user_profile_id="p",
+        workspace_id="w",
+        output_config={"effort": "low"},
+        container=None,
+        stop_sequences=[],
+        something_new={"x": 1},
+    )
     assert job.request.prompt_tokens
 
 
@@ -240,25 +302,51 @@ def test_parse_accepts_every_field_the_sdk_sends(ctx: ProtocolContext) -> None:
 @pytest.mark.parametrize(
     ("message", "text", "param"),
     [
-        ({"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]},
-         "this model has no vision input", "messages[0].content[0]"),
-        ({"role": "user", "content": [{"type": "document", "source": {}}]},
-         "this model has no document input", "messages[0].content[0]"),
-        ({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
-            {"type": "image", "source": {}}]}]},
-         "this model has no vision input", "messages[0].content[0].content[0]"),
-        ({"role": "system", "content": [{"type": "image", "source": {}}]},
-         "this model has no vision input", "messages[0].content[0]"),
-        ({"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
-         "`tool_use` blocks are not allowed in user content", "messages[0].content[0]"),
-        ({"role": "user", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]},
-         "`thinking` blocks are not allowed in user content", "messages[0].content[0]"),
-        ({"role": "system", "content": [{"type": "tool_result", "tool_use_id": "t"}]},
-         "`tool_result` blocks are not allowed in system content", "messages[0].content[0]"),
+        (
+            {"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]},
+            "this model has no vision input",
+            "messages[0].content[0]",
+        ),
+        (
+            {"role": "user", "content": [{"type": "document", "source": {}}]},
+            "this model has no document input",
+            "messages[0].content[0]",
+        ),
+        (
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}
+                ],
+            },
+            "this model has no vision input",
+            "messages[0].content[0].content[0]",
+        ),
+        (
+            {"role": "system", "content": [{"type": "image", "source": {}}]},
+            "this model has no vision input",
+            "messages[0].content[0]",
+        ),
+        (
+            {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+            "`tool_use` blocks are not allowed in user content",
+            "messages[0].content[0]",
+        ),
+        (
+            {"role": "user", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]},
+            "`thinking` blocks are not allowed in user content",
+            "messages[0].content[0]",
+        ),
+        (
+            {"role": "system", "content": [{"type": "tool_result", "tool_use_id": "t"}]},
+            "`tool_result` blocks are not allowed in system content",
+            "messages[0].content[0]",
+        ),
     ],
 )
-def test_parse_refuses_blocks_it_cannot_use(ctx: ProtocolContext, message: dict[str, Any],
-                                            text: str, param: str) -> None:
+def test_parse_refuses_blocks_it_cannot_use(
+    ctx: ProtocolContext, message: dict[str, Any], text: str, param: str
+) -> None:
     err = parse_error(ctx, messages=[message, USER])
     assert (err.message, err.param) == (text, param)
 
@@ -271,41 +359,69 @@ def test_parse_refuses_tool_result_in_assistant_turn(ctx: ProtocolContext) -> No
 
 def test_parse_refuses_prefill(ctx: ProtocolContext) -> None:
     err = parse_error(ctx, messages=[USER, {"role": "assistant", "content": "The answer is"}])
-    assert (err.message, err.param) == ("a final assistant message (prefill) is not supported",
-                                        "messages[1]")
+    assert (err.message, err.param) == ("a final assistant message (prefill) is not supported", "messages[1]")
 
 
 @pytest.mark.parametrize(
     ("fields", "param", "message"),
     [
-        ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "foo"}}}},
-         "output_config.format.schema", "invalid JSON schema: Invalid type: foo"),
-        ({"output_format": {"type": "json_schema", "schema": {"type": "object"}},
-          "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
-         "output_format", "give `output_config.format` or `output_format`, not both"),
-        ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "now"}}, "tool_choice",
-         ("`tool_choice` names the function 'now', which is not among the tools offered "
-          "('get_weather')")),
-        ({"tool_choice": {"type": "any"}}, "tool_choice",
-         "`tool_choice` forces a tool call but no tools are offered"),
-        ({"tools": [WEATHER], "tool_choice": {"type": "any"},
-          "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
-         "output_config.format", ("a `tool_choice` that forces a tool call cannot be combined "
-                                  "with a structured output format")),
+        (
+            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "foo"}}}},
+            "output_config.format.schema",
+            "invalid JSON schema: Invalid type: foo",
+        ),
+        (
+            {
+                "output_format": {"type": "json_schema", "schema": {"type": "object"}},
+                "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+            },
+            "output_format",
+            "give `output_config.format` or `output_format`, not both",
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "now"}},
+            "tool_choice",
+            ("`tool_choice` names the function 'now', which is not among the tools offered ('get_weather')"),
+        ),
+        (
+            {"tool_choice": {"type": "any"}},
+            "tool_choice",
+            "`tool_choice` forces a tool call but no tools are offered",
+        ),
+        (
+            {
+                "tools": [WEATHER],
+                "tool_choice": {"type": "any"},
+                "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+            },
+            "output_config.format",
+            ("a `tool_choice` that forces a tool call cannot be combined with a structured output format"),
+        ),
         ({"container": "cntr_1"}, "container", "`container` is not supported yet"),
-        ({"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers",
-         "`mcp_servers` is not supported yet"),
-        ({"context_management": {"edits": []}}, "context_management",
-         "`context_management` is not supported yet"),
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type",
-         ("tool type 'web_search_20250305' is not supported: only custom tools (name, "
-          "description, input_schema)")),
-        ({"tools": [{"name": "f"}]}, "tools[0].input_schema",
-         "a custom tool needs an `input_schema`"),
+        (
+            {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
+            "mcp_servers",
+            "`mcp_servers` is not supported yet",
+        ),
+        (
+            {"context_management": {"edits": []}},
+            "context_management",
+            "`context_management` is not supported yet",
+        ),
+        (
+            {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            "tools[0].type",
+            (
+                "tool type 'web_search_20250305' is not supported: only custom tools (name, "
+                "description, input_schema)"
+            ),
+        ),
+        ({"tools": [{"name": "f"}]}, "tools[0].input_schema", "a custom tool needs an `input_schema`"),
     ],
 )
-def test_parse_refuses_what_it_cannot_honour(ctx: ProtocolContext, fields: dict[str, Any],
-                                             param: str, message: str) -> None:
+def test_parse_refuses_what_it_cannot_honour(
+    ctx: ProtocolContext, fields: dict[str, Any], param: str, message: str
+) -> None:
     err = parse_error(ctx, messages=[USER], **fields)
     assert (err.param, err.message) == (param, message)
 
@@ -319,10 +435,8 @@ def test_parse_refuses_what_it_cannot_honour(ctx: ProtocolContext, fields: dict[
         ({"messages": "hi"}, "messages"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
-        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]},
-         "messages[0].content[0].type"),
-        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]},
-         "messages[0].content[0].text"),
+        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages[0].content[0].type"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
         ({"messages": [USER], "temperature": 1.5}, "temperature"),
         ({"messages": [USER], "top_p": -0.1}, "top_p"),
         ({"messages": [USER], "top_k": -1}, "top_k"),
@@ -333,8 +447,7 @@ def test_parse_refuses_what_it_cannot_honour(ctx: ProtocolContext, fields: dict[
         ({"messages": [USER], "model": 3}, "model"),
     ],
 )
-def test_parse_rejects_malformed_requests(ctx: ProtocolContext, fields: dict[str, Any],
-                                          param: str) -> None:
+def test_parse_rejects_malformed_requests(ctx: ProtocolContext, fields: dict[str, Any], param: str) -> None:
     body = {"model": "claude-x", "max_tokens": 64, **fields}
     body = {k: v for k, v in body.items() if v is not MISSING}
     with pytest.raises(InvalidRequest) as info:
@@ -357,15 +470,20 @@ def test_count_tokens_equals_the_prompt_a_message_would_use(ctx: ProtocolContext
     job = parse(ctx, **fields)
     assert status == 200
     assert MessageTokensCount.model_validate(orjson.loads(body)).input_tokens == len(
-        job.request.prompt_tokens)
+        job.request.prompt_tokens
+    )
 
 
 def test_count_tokens_errors_use_anthropic_envelope(ctx: ProtocolContext) -> None:
-    fields = {"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "image", "source": {}}]}]}
+    fields = {"model": "m", "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}
     status, body = anthropic_messages.count_tokens(orjson.dumps(fields), ctx)
-    assert (status, orjson.loads(body)) == (400, {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "this model has no vision input"}})
+    assert (status, orjson.loads(body)) == (
+        400,
+        {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "this model has no vision input"},
+        },
+    )
 
 
 # --- JSON answers -----------------------------------------------------------------------------
@@ -383,11 +501,19 @@ def test_to_json_matches_anthropic_shape(ctx: ProtocolContext) -> None:
     result = Result("Hello!", FinishReason.STOP, Usage(12, 3, cached_tokens=8))
     body = orjson.loads(FORMAT.to_json(job, [result], ctx))
     assert body == {
-        "id": job.request.id, "type": "message", "role": "assistant", "model": "claude-x",
+        "id": job.request.id,
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-x",
         "content": [{"type": "text", "text": "Hello!"}],
-        "stop_reason": "end_turn", "stop_sequence": None,
-        "usage": {"input_tokens": 4, "cache_creation_input_tokens": 0,
-                  "cache_read_input_tokens": 8, "output_tokens": 3},
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": 4,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 8,
+            "output_tokens": 3,
+        },
     }
     sdk = Message.model_validate(body)
     assert sdk.usage.input_tokens + (sdk.usage.cache_read_input_tokens or 0) == 12
@@ -395,19 +521,25 @@ def test_to_json_matches_anthropic_shape(ctx: ProtocolContext) -> None:
 
 @pytest.mark.parametrize(
     ("reason", "stop_sequence", "stop_reason"),
-    [(FinishReason.STOP, None, "end_turn"), (FinishReason.STOP, "END", "stop_sequence"),
-     (FinishReason.LENGTH, None, "max_tokens"), (FinishReason.TOOL_CALLS, None, "tool_use")],
+    [
+        (FinishReason.STOP, None, "end_turn"),
+        (FinishReason.STOP, "END", "stop_sequence"),
+        (FinishReason.LENGTH, None, "max_tokens"),
+        (FinishReason.TOOL_CALLS, None, "tool_use"),
+    ],
 )
-def test_to_json_maps_finish_reasons(ctx: ProtocolContext, reason: FinishReason,
-                                     stop_sequence: str | None, stop_reason: str) -> None:
+def test_to_json_maps_finish_reasons(
+    ctx: ProtocolContext, reason: FinishReason, stop_sequence: str | None, stop_reason: str
+) -> None:
     body = result_json(ctx, Result("x", reason, Usage(3, 1), stop_sequence=stop_sequence))
     assert (body["stop_reason"], body["stop_sequence"]) == (stop_reason, stop_sequence)
 
 
 def test_to_json_orders_thinking_text_and_tool_use(ctx: ProtocolContext) -> None:
     calls = (ToolCall("call_1", "get_weather", '{"city": "Paris"}'), ToolCall("toolu_2", "f", ""))
-    body = result_json(ctx, Result("Checking.", FinishReason.TOOL_CALLS, Usage(5, 9),
-                                   reasoning="hmm", tool_calls=calls))
+    body = result_json(
+        ctx, Result("Checking.", FinishReason.TOOL_CALLS, Usage(5, 9), reasoning="hmm", tool_calls=calls)
+    )
     assert body["content"] == [
         {"type": "thinking", "thinking": "hmm", "signature": ""},
         {"type": "text", "text": "Checking."},
@@ -422,15 +554,17 @@ def test_to_json_empty_answer_has_no_blocks(ctx: ProtocolContext) -> None:
 
 
 def test_to_json_hides_omitted_thinking(ctx: ProtocolContext) -> None:
-    body = result_json(ctx, Result("ok", FinishReason.STOP, Usage(3, 4), reasoning="secret"),
-                       thinking={"type": "enabled", "budget_tokens": 1024, "display": "omitted"})
+    body = result_json(
+        ctx,
+        Result("ok", FinishReason.STOP, Usage(3, 4), reasoning="secret"),
+        thinking={"type": "enabled", "budget_tokens": 1024, "display": "omitted"},
+    )
     assert body["content"][0] == {"type": "thinking", "thinking": "", "signature": ""}
 
 
 def test_to_json_refuses_tool_arguments_that_are_not_an_object(ctx: ProtocolContext) -> None:
     job = parse(ctx, messages=[USER])
-    result = Result("", FinishReason.TOOL_CALLS, Usage(3, 4),
-                    tool_calls=(ToolCall("call_1", "f", "[1, 2]"),))
+    result = Result("", FinishReason.TOOL_CALLS, Usage(3, 4), tool_calls=(ToolCall("call_1", "f", "[1, 2]"),))
     with pytest.raises(EngineFailed):
         FORMAT.to_json(job, [result], ctx)
 
@@ -438,8 +572,9 @@ def test_to_json_refuses_tool_arguments_that_are_not_an_object(ctx: ProtocolCont
 def test_to_json_a_call_cut_short_keeps_the_members_it_finished(ctx: ProtocolContext) -> None:
     job = parse(ctx, messages=[USER])
     calls = (ToolCall("call_1", "get_weather", '{"city": "Paris", "da'), ToolCall("call_2", "f", '{"q'))
-    body = orjson.loads(FORMAT.to_json(job, [Result("", FinishReason.LENGTH, Usage(3, 4),
-                                                    tool_calls=calls)], ctx))
+    body = orjson.loads(
+        FORMAT.to_json(job, [Result("", FinishReason.LENGTH, Usage(3, 4), tool_calls=calls)], ctx)
+    )
     assert [b["input"] for b in body["content"]] == [{"city": "Paris"}, {}]
     assert body["stop_reason"] == "max_tokens"
 
@@ -447,8 +582,9 @@ def test_to_json_a_call_cut_short_keeps_the_members_it_finished(ctx: ProtocolCon
 # --- streaming --------------------------------------------------------------------------------
 
 
-def stream_of(ctx: ProtocolContext, events: list[Event], fail: ServeError | None = None,
-              **fields: Any) -> list[tuple[str | None, Any]]:
+def stream_of(
+    ctx: ProtocolContext, events: list[Event], fail: ServeError | None = None, **fields: Any
+) -> list[tuple[str | None, Any]]:
     job = parse(ctx, messages=[USER], stream=True, **fields)
     frames = sse_events(render_stream(FORMAT, job, ctx, events, fail))
     for name, data in frames:
@@ -464,17 +600,32 @@ def test_stream_text_follows_the_event_grammar(ctx: ProtocolContext) -> None:
     assert (start["content"], start["stop_reason"], start["stop_sequence"]) == ([], None, None)
     assert frames[1:] == [
         ("ping", {"type": "ping"}),
-        ("content_block_start", {"type": "content_block_start", "index": 0,
-                                 "content_block": {"type": "text", "text": ""}}),
-        ("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                 "delta": {"type": "text_delta", "text": "Hel"}}),
-        ("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                 "delta": {"type": "text_delta", "text": "lo"}}),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}},
+        ),
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo"}},
+        ),
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("message_delta", {"type": "message_delta",
-                           "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                           "usage": {"input_tokens": 5, "cache_creation_input_tokens": 0,
-                                     "cache_read_input_tokens": 4, "output_tokens": 2}}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {
+                    "input_tokens": 5,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 4,
+                    "output_tokens": 2,
+                },
+            },
+        ),
         ("message_stop", {"type": "message_stop"}),
     ]
 
@@ -482,11 +633,13 @@ def test_stream_text_follows_the_event_grammar(ctx: ProtocolContext) -> None:
 def test_stream_message_start_counts_the_prompt(ctx: ProtocolContext) -> None:
     job = parse(ctx, messages=[USER], stream=True)
     message = sse_events(render_stream(FORMAT, job, ctx, text_events("a")))[0][1]["message"]
-    assert message["usage"] == {"input_tokens": len(job.request.prompt_tokens),
-                                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-                                "output_tokens": 0}
-    assert (message["id"], message["model"], message["role"]) == (
-        job.request.id, "claude-x", "assistant")
+    assert message["usage"] == {
+        "input_tokens": len(job.request.prompt_tokens),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 0,
+    }
+    assert (message["id"], message["model"], message["role"]) == (job.request.id, "claude-x", "assistant")
 
 
 def test_stream_opens_one_block_per_part(ctx: ProtocolContext) -> None:
@@ -513,11 +666,9 @@ def test_stream_opens_one_block_per_part(ctx: ProtocolContext) -> None:
 
 
 def test_stream_omitted_thinking_keeps_block_without_text(ctx: ProtocolContext) -> None:
-    frames = stream_of(ctx, TOOL_TURN,
-                       thinking={"type": "adaptive", "display": "omitted"})
+    frames = stream_of(ctx, TOOL_TURN, thinking={"type": "adaptive", "display": "omitted"})
     assert frames[2][1]["content_block"]["type"] == "thinking"
-    assert all(d["delta"]["type"] != "thinking_delta" for n, d in frames
-               if n == "content_block_delta")
+    assert all(d["delta"]["type"] != "thinking_delta" for n, d in frames if n == "content_block_delta")
 
 
 def test_stream_stop_sequence_in_message_delta(ctx: ProtocolContext) -> None:
@@ -528,19 +679,22 @@ def test_stream_stop_sequence_in_message_delta(ctx: ProtocolContext) -> None:
 
 def test_stream_error_is_an_error_event_in_anthropic_envelope(ctx: ProtocolContext) -> None:
     frames = stream_of(ctx, [TextDelta("a")], fail=EngineFailed("engine crashed"))
-    assert frames[-1] == ("error", {"type": "error", "error": {
-        "type": "api_error", "message": "engine crashed"}})
+    assert frames[-1] == (
+        "error",
+        {"type": "error", "error": {"type": "api_error", "message": "engine crashed"}},
+    )
 
 
 def test_stream_heartbeat_is_a_ping_event(ctx: ProtocolContext) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
-    assert renderer.heartbeat() == b'event: ping\ndata: {"type": "ping"}\n\n'
+    assert renderer.heartbeat() == SseEvent({"type": "ping"}, "ping")
+    assert encode_frame(renderer.heartbeat()) == b'event: ping\ndata: {"type":"ping"}\n\n'
 
 
 def test_stream_skips_empty_deltas(ctx: ProtocolContext) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
     for ev in (TextDelta(""), ReasoningDelta(""), ToolCallArgsDelta(0, "x")):
-        assert renderer.delta(ev) == b""
+        assert renderer.delta(ev) == []
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -568,17 +722,31 @@ def test_error_body_maps_status_to_anthropic_type(exc: ServeError, kind: str) ->
 
 @pytest.mark.parametrize(
     ("status", "error_class"),
-    [(400, anthropic.BadRequestError), (401, anthropic.AuthenticationError),
-     (404, anthropic.NotFoundError), (413, anthropic.APIStatusError),
-     (429, anthropic.RateLimitError), (500, anthropic.InternalServerError),
-     (503, anthropic.InternalServerError)],
+    [
+        (400, anthropic.BadRequestError),
+        (401, anthropic.AuthenticationError),
+        (404, anthropic.NotFoundError),
+        (413, anthropic.APIStatusError),
+        (429, anthropic.RateLimitError),
+        (500, anthropic.InternalServerError),
+        (503, anthropic.InternalServerError),
+    ],
 )
-def test_sdk_raises_its_error_class_for_each_status(ctx: ProtocolContext, status: int,
-                                                    error_class: type[Exception]) -> None:
-    exc = {400: InvalidRequest, 401: Unauthorized, 404: NotFound, 413: PayloadTooLarge,
-           429: QueueFull, 500: EngineFailed, 503: EngineUnavailable}[status]("why")
-    http = httpx2.Client(transport=httpx2.MockTransport(
-        lambda r: httpx2.Response(exc.status, content=FORMAT.error_body(exc))))
+def test_sdk_raises_its_error_class_for_each_status(
+    ctx: ProtocolContext, status: int, error_class: type[Exception]
+) -> None:
+    exc = {
+        400: InvalidRequest,
+        401: Unauthorized,
+        404: NotFound,
+        413: PayloadTooLarge,
+        429: QueueFull,
+        500: EngineFailed,
+        503: EngineUnavailable,
+    }[status]("why")
+    http = httpx2.Client(
+        transport=httpx2.MockTransport(lambda r: httpx2.Response(exc.status, content=FORMAT.error_body(exc)))
+    )
     client = anthropic.Anthropic(api_key="k", base_url="http://x", http_client=http, max_retries=0)
     with pytest.raises(error_class) as info:
         client.messages.create(model="m", max_tokens=5, messages=[USER])
@@ -590,10 +758,8 @@ def test_sdk_raises_its_error_class_for_each_status(ctx: ProtocolContext, status
 
 def test_sdk_create_and_stream_agree(client: anthropic.Anthropic, server: ScriptedServer) -> None:
     server.events = TOOL_TURN
-    whole = client.messages.create(model="claude-x", max_tokens=64, messages=[USER],
-                                   tools=[WEATHER])
-    with client.messages.stream(model="claude-x", max_tokens=64, messages=[USER],
-                                tools=[WEATHER]) as stream:
+    whole = client.messages.create(model="claude-x", max_tokens=64, messages=[USER], tools=[WEATHER])
+    with client.messages.stream(model="claude-x", max_tokens=64, messages=[USER], tools=[WEATHER]) as stream:
         texts = list(stream.text_stream)
         final = stream.get_final_message()
     assert texts == ["Let me check."]
@@ -605,35 +771,52 @@ def test_sdk_create_and_stream_agree(client: anthropic.Anthropic, server: Script
 
 def test_sdk_raw_stream_events_validate(client: anthropic.Anthropic, server: ScriptedServer) -> None:
     server.events = text_events("Hi", " there")
-    events = list(client.messages.create(model="m", max_tokens=8, messages=[USER],
-                                         stream=True))
+    events = list(client.messages.create(model="m", max_tokens=8, messages=[USER], stream=True))
     assert [e.type for e in events] == [
-        "message_start", "content_block_start", "content_block_delta", "content_block_delta",
-        "content_block_stop", "message_delta", "message_stop"]
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
 
 
-def test_sdk_stream_raises_on_error_event(client: anthropic.Anthropic,
-                                          server: ScriptedServer) -> None:
+def test_sdk_stream_raises_on_error_event(client: anthropic.Anthropic, server: ScriptedServer) -> None:
     server.events, server.fail = [TextDelta("par")], QueueFull("engine queue is full")
-    with (pytest.raises(anthropic.APIStatusError) as info,
-          client.messages.stream(model="m", max_tokens=8, messages=[USER]) as stream):
+    with (
+        pytest.raises(anthropic.APIStatusError) as info,
+        client.messages.stream(model="m", max_tokens=8, messages=[USER]) as stream,
+    ):
         stream.get_final_message()
-    assert info.value.body == {"type": "error", "error": {
-        "type": "rate_limit_error", "message": "engine queue is full"}}
+    assert info.value.body == {
+        "type": "error",
+        "error": {"type": "rate_limit_error", "message": "engine queue is full"},
+    }
 
 
-def test_sdk_multi_turn_with_tool_round_trip(client: anthropic.Anthropic, server: ScriptedServer,
-                                             ctx: ProtocolContext) -> None:
+def test_sdk_multi_turn_with_tool_round_trip(
+    client: anthropic.Anthropic, server: ScriptedServer, ctx: ProtocolContext
+) -> None:
     server.events = TOOL_TURN
-    first = client.messages.create(model="m", max_tokens=64, messages=[USER],
-                                   tools=[WEATHER])
-    results: Any = [{"type": "tool_result", "tool_use_id": b.id, "content": "sunny"}
-               for b in first.content if b.type == "tool_use"]
+    first = client.messages.create(model="m", max_tokens=64, messages=[USER], tools=[WEATHER])
+    results: Any = [
+        {"type": "tool_result", "tool_use_id": b.id, "content": "sunny"}
+        for b in first.content
+        if b.type == "tool_use"
+    ]
     server.events = text_events("Sunny in both.")
     second = client.messages.create(
-        model="m", max_tokens=64, tools=[WEATHER],
-        messages=[USER, {"role": "assistant", "content": first.content},
-                  {"role": "user", "content": results}])
+        model="m",
+        max_tokens=64,
+        tools=[WEATHER],
+        messages=[
+            USER,
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": results},
+        ],
+    )
     assert second.content[0].type == "text" and second.stop_reason == "end_turn"
     history = rendered(ctx).messages
     assert [m["role"] for m in history] == ["user", "assistant", "tool", "tool"]
@@ -648,15 +831,28 @@ def test_sdk_count_tokens(client: anthropic.Anthropic, ctx: ProtocolContext) -> 
 
 def test_sdk_bad_request_is_bad_request_error(client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(model="m", max_tokens=8, messages=[
-            {"role": "user", "content": [{"type": "image", "source": {
-                "type": "url", "url": "http://x/cat.png"}}]}])
-    assert info.value.body == {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "this model has no vision input"}}
+        client.messages.create(
+            model="m",
+            max_tokens=8,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "source": {"type": "url", "url": "http://x/cat.png"}}],
+                }
+            ],
+        )
+    assert info.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "this model has no vision input"},
+    }
 
 
 def test_json_usage_splits_cache_reads_from_input(ctx: ProtocolContext) -> None:
     job = parse(ctx, messages=[USER])
     whole = orjson.loads(render_json(FORMAT, job, ctx, TOOL_TURN))
-    assert whole["usage"] == {"input_tokens": 12, "cache_creation_input_tokens": 0,
-                              "cache_read_input_tokens": 8, "output_tokens": 11}
+    assert whole["usage"] == {
+        "input_tokens": 12,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 8,
+        "output_tokens": 11,
+    }

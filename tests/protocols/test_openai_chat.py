@@ -13,11 +13,12 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from engine.errors import EngineFailed, InvalidRequest
 from engine.types import Finished, FinishReason, TextDelta, TokenLogprob, Usage
 from protocols import openai_chat, structured
-from protocols.contract import Job, ProtocolContext, Result, WireFormat
+from protocols.contract import KEEP_ALIVE, Frames, Job, ProtocolContext, Result, WireFormat
+from protocols.openai_common import DONE
 
 FORMAT: WireFormat = openai_chat.FORMAT
 USER = {"role": "user", "content": "hi"}
-Frames = Callable[[bytes], list[Any]]
+Split = Callable[[Frames], list[Any]]
 
 
 def parse(ctx: ProtocolContext, **fields: Any) -> Job:
@@ -41,8 +42,7 @@ def rendered_messages(ctx: ProtocolContext) -> list[dict[str, Any]]:
 def test_parse_renders_messages_through_template(ctx: ProtocolContext) -> None:
     job = parse(ctx, messages=[{"role": "system", "content": "be brief"}, USER])
     assert rendered_messages(ctx) == [{"role": "system", "content": "be brief"}, USER]
-    assert job.request.prompt_tokens == tuple(ctx.tokenizer.encode(
-        "<system>be brief<user>hi<assistant>"))
+    assert job.request.prompt_tokens == tuple(ctx.tokenizer.encode("<system>be brief<user>hi<assistant>"))
     assert job.request.id.startswith("chatcmpl-")
 
 
@@ -63,8 +63,11 @@ def test_parse_maps_developer_role_to_system(ctx: ProtocolContext) -> None:
 
 
 def test_parse_keeps_tool_turns_for_template(ctx: ProtocolContext) -> None:
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+    }
     messages = [
         USER,
         {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -73,21 +76,29 @@ def test_parse_keeps_tool_turns_for_template(ctx: ProtocolContext) -> None:
     ]
     parse(ctx, messages=messages)
     assert rendered_messages(ctx)[1:] == [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
         {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
         {"role": "assistant", "content": "ok", "name": "bot", "reasoning_content": "thought"},
     ]
 
 
 @pytest.mark.parametrize(("arguments", "expected"), [({"a": 1}, {"a": 1}), ("", {}), ("[1]", [1])])
-def test_parse_accepts_tool_call_arguments_forms(ctx: ProtocolContext, arguments: Any,
-                                                 expected: Any) -> None:
+def test_parse_accepts_tool_call_arguments_forms(ctx: ProtocolContext, arguments: Any, expected: Any) -> None:
     call = {"function": {"name": "f", "arguments": arguments}}
     parse(ctx, messages=[USER, {"role": "assistant", "tool_calls": [call]}])
     assert rendered_messages(ctx)[1]["tool_calls"] == [
-        {"type": "function", "function": {"name": "f", "arguments": expected}}]
+        {"type": "function", "function": {"name": "f", "arguments": expected}}
+    ]
 
 
 def test_parse_rejects_tool_call_arguments_that_are_not_json(ctx: ProtocolContext) -> None:
@@ -97,10 +108,17 @@ def test_parse_rejects_tool_call_arguments_that_are_not_json(ctx: ProtocolContex
 
 
 def test_parse_passes_tools_and_template_kwargs(ctx: ProtocolContext) -> None:
-    tool = {"type": "function", "function": {
-        "name": "weather", "description": "Weather now", "parameters": {"type": "object"}}}
-    parse(ctx, messages=[USER], tools=[tool], tool_choice="auto",
-          chat_template_kwargs={"enable_thinking": True, "extra": 1})
+    tool = {
+        "type": "function",
+        "function": {"name": "weather", "description": "Weather now", "parameters": {"type": "object"}},
+    }
+    parse(
+        ctx,
+        messages=[USER],
+        tools=[tool],
+        tool_choice="auto",
+        chat_template_kwargs={"enable_thinking": True, "extra": 1},
+    )
     call = ctx.tokenizer.chat_calls[-1]  # type: ignore[attr-defined]
     assert call.tools == [{"function": tool["function"], "type": "function"}]
     assert call.template_kwargs == {"enable_thinking": True, "house": "server", "extra": 1}
@@ -109,7 +127,8 @@ def test_parse_passes_tools_and_template_kwargs(ctx: ProtocolContext) -> None:
 def test_parse_omits_absent_tool_fields_and_empty_tools(ctx: ProtocolContext) -> None:
     parse(ctx, messages=[USER], tools=[{"type": "function", "function": {"name": "f"}}])
     assert ctx.tokenizer.chat_calls[-1].tools == [  # type: ignore[attr-defined]
-        {"function": {"name": "f"}, "type": "function"}]
+        {"function": {"name": "f"}, "type": "function"}
+    ]
     parse(ctx, messages=[USER], tools=[])
     assert ctx.tokenizer.chat_calls[-1].tools is None  # type: ignore[attr-defined]
 
@@ -140,21 +159,19 @@ def test_parse_rejects_media_parts(ctx: ProtocolContext, part: dict[str, Any], k
         ({"messages": [{"content": "hi"}]}, "messages[0].role"),
         ({"messages": [USER, {"role": "robot", "content": "hi"}]}, "messages[1].role"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]},
-         "messages[0].content[0].type"),
-        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]},
-         "messages[0].content[0].text"),
+        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages[0].content[0].type"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
         ({"messages": [{"role": "user", "content": ["hi"]}]}, "messages[0].content[0]"),
-        ({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]},
-         "messages[0].tool_calls[0].function.name"),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]},
+            "messages[0].tool_calls[0].function.name",
+        ),
         ({"messages": [USER], "tools": [{"type": "function"}]}, "tools[0].function"),
-        ({"messages": [USER], "tools": [{"type": "custom", "function": {"name": "f"}}]},
-         "tools[0].type"),
+        ({"messages": [USER], "tools": [{"type": "custom", "function": {"name": "f"}}]}, "tools[0].type"),
         ({"messages": [USER], "chat_template_kwargs": []}, "chat_template_kwargs"),
     ],
 )
-def test_parse_rejects_malformed_messages(ctx: ProtocolContext, fields: dict[str, Any],
-                                          param: str) -> None:
+def test_parse_rejects_malformed_messages(ctx: ProtocolContext, fields: dict[str, Any], param: str) -> None:
     assert parse_error(ctx, **fields).param == param
 
 
@@ -165,26 +182,29 @@ def test_parse_reports_template_errors_as_400(ctx: ProtocolContext) -> None:
 
 
 @pytest.mark.parametrize("choice", ["auto", "none", None])
-def test_parse_auto_or_none_tool_choice_constrains_nothing(ctx: ProtocolContext,
-                                                           choice: str | None) -> None:
+def test_parse_auto_or_none_tool_choice_constrains_nothing(ctx: ProtocolContext, choice: str | None) -> None:
     tool = {"type": "function", "function": {"name": "f"}}
     request = parse(ctx, messages=[USER], tools=[tool], tool_choice=choice).request
     assert request.grammar is None and not request.forced_tool_calls
 
 
-TOOLS: Any = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
-              {"type": "function", "function": {"name": "g"}}]
+TOOLS: Any = [
+    {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "g"}},
+]
 
 
 @pytest.mark.parametrize(
     ("fields", "name", "required", "parallel"),
-    [({"tool_choice": "required"}, None, True, True),
-     ({"tool_choice": "required", "parallel_tool_calls": False}, None, True, False),
-     ({"tool_choice": {"type": "function", "function": {"name": "g"}}}, "g", False, False)],
+    [
+        ({"tool_choice": "required"}, None, True, True),
+        ({"tool_choice": "required", "parallel_tool_calls": False}, None, True, False),
+        ({"tool_choice": {"type": "function", "function": {"name": "g"}}}, "g", False, False),
+    ],
 )
-def test_parse_forced_tool_choice_is_a_tool_call_grammar(ctx: ProtocolContext, fields: Any,
-                                                         name: str | None, required: bool,
-                                                         parallel: bool) -> None:
+def test_parse_forced_tool_choice_is_a_tool_call_grammar(
+    ctx: ProtocolContext, fields: Any, name: str | None, required: bool, parallel: bool
+) -> None:
     request = parse(ctx, messages=[USER], tools=TOOLS, **fields).request
     assert request.forced_tool_calls and request.tools is not None
     assert request.grammar == structured.forced_calls(request.tools, name, required, parallel)
@@ -193,20 +213,26 @@ def test_parse_forced_tool_choice_is_a_tool_call_grammar(ctx: ProtocolContext, f
 
 @pytest.mark.parametrize(
     ("fields", "message"),
-    [({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "h"}}},
-      "`tool_choice` names the function 'h', which is not among the tools offered ('f', 'g')"),
-     ({"tool_choice": "required"}, "`tool_choice` forces a tool call but no tools are offered"),
-     ({"tools": TOOLS, "tool_choice": "sometimes"}, None)],
+    [
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "h"}}},
+            "`tool_choice` names the function 'h', which is not among the tools offered ('f', 'g')",
+        ),
+        ({"tool_choice": "required"}, "`tool_choice` forces a tool call but no tools are offered"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, None),
+    ],
 )
-def test_parse_rejects_a_forced_tool_choice_it_cannot_meet(ctx: ProtocolContext, fields: Any,
-                                                           message: str | None) -> None:
+def test_parse_rejects_a_forced_tool_choice_it_cannot_meet(
+    ctx: ProtocolContext, fields: Any, message: str | None
+) -> None:
     err = parse_error(ctx, messages=[USER], **fields)
     assert err.param == "tool_choice" and (message is None or err.message == message)
 
 
 def test_parse_rejects_forced_call_with_response_format(ctx: ProtocolContext) -> None:
-    err = parse_error(ctx, messages=[USER], tools=TOOLS, tool_choice="required",
-                      response_format={"type": "json_object"})
+    err = parse_error(
+        ctx, messages=[USER], tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}
+    )
     assert err.param == "response_format" and "cannot be combined" in err.message
 
 
@@ -230,18 +256,24 @@ def test_to_json_matches_openai_shape(ctx: ProtocolContext) -> None:
         "created": 1_700_000_000,
         "model": "m",
         "system_fingerprint": body["system_fingerprint"],
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": "Hello!", "refusal": None,
-                        "annotations": []},
-            "logprobs": None,
-            "finish_reason": "stop",
-        }],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello!", "refusal": None, "annotations": []},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
         "usage": {
-            "prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
+            "prompt_tokens": 12,
+            "completion_tokens": 3,
+            "total_tokens": 15,
             "prompt_tokens_details": {"cached_tokens": 8},
-            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
-                                          "rejected_prediction_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
         },
     }
     sdk = ChatCompletion.model_validate(body)
@@ -260,7 +292,7 @@ def test_to_json_reports_length_finish(ctx: ProtocolContext) -> None:
 # --- streaming ------------------------------------------------------------------------------
 
 
-def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> bytes:
+def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> Frames:
     renderer = FORMAT.renderer(job, ctx)
     out = renderer.start()
     for text in texts:
@@ -268,15 +300,19 @@ def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> bytes:
     return out + renderer.finish(Finished(FinishReason.STOP, Usage(4, len(texts))))
 
 
-def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, messages=[USER], stream=True)
     frames = sse_frames(run_stream(job, ctx, ["Hel", "lo"]))
-    head = {"id": job.request.id, "object": "chat.completion.chunk", "created": 1_700_000_000,
-            "model": "m", "system_fingerprint": frames[0]["system_fingerprint"]}
+    head = {
+        "id": job.request.id,
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": "m",
+        "system_fingerprint": frames[0]["system_fingerprint"],
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                     "finish_reason": finish}]}
+        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
     assert frames == [
         chunk({"role": "assistant", "content": ""}),
@@ -289,16 +325,21 @@ def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: F
         ChatCompletionChunk.model_validate(frame)
 
 
-def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, messages=[USER], stream=True, stream_options={"include_usage": True})
     frames = sse_frames(run_stream(job, ctx, ["a", "b", "c"]))
     assert [f["usage"] for f in frames[:-2]] == [None] * 5
     assert frames[-2]["choices"] == []
     assert frames[-2]["usage"] == {
-        "prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "total_tokens": 7,
         "prompt_tokens_details": {"cached_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
-                                          "rejected_prediction_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
     }
     assert frames[-1] == "[DONE]"
     chunks = [ChatCompletionChunk.model_validate(f) for f in frames[:-1]]
@@ -308,42 +349,42 @@ def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Fr
 
 def test_stream_skips_empty_deltas(ctx: ProtocolContext) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
-    assert renderer.delta(TextDelta("", token_ids=(5,))) == b""
+    assert renderer.delta(TextDelta("", token_ids=(5,))) == []
 
 
-def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Split) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
     frames = sse_frames(renderer.error(EngineFailed("engine crashed")))
     assert frames == [
-        {"error": {"message": "engine crashed", "type": "server_error", "param": None,
-                   "code": None}},
+        {"error": {"message": "engine crashed", "type": "server_error", "param": None, "code": None}},
         "[DONE]",
     ]
 
 
 def test_stream_heartbeat_is_sse_comment(ctx: ProtocolContext) -> None:
     renderer = FORMAT.renderer(parse(ctx, messages=[USER], stream=True), ctx)
-    assert renderer.heartbeat() == b": keep-alive\n\n"
+    assert renderer.heartbeat() == KEEP_ALIVE
 
 
-def test_n_choices_render_indexed_and_usage_combined(ctx: ProtocolContext) -> None:
+def test_n_choices_render_indexed_and_usage_combined(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, messages=[USER], n=2, stream=True, stream_options={"include_usage": True})
     assert job.n == 2
-    results = [Result("a", FinishReason.STOP, Usage(7, 2, 3)), Result("bb", FinishReason.LENGTH, Usage(7, 4, 6))]
+    results = [
+        Result("a", FinishReason.STOP, Usage(7, 2, 3)),
+        Result("bb", FinishReason.LENGTH, Usage(7, 4, 6)),
+    ]
     body = orjson.loads(FORMAT.to_json(job, results, ctx))
     assert [c["index"] for c in body["choices"]] == [0, 1]
     assert [c["message"]["content"] for c in body["choices"]] == ["a", "bb"]
     assert body["usage"]["prompt_tokens"] == 7 and body["usage"]["completion_tokens"] == 6
     stream = FORMAT.renderer(job, ctx)
     first_finish = stream.finish(Finished(FinishReason.STOP, Usage(7, 2)), 0)
-    assert b"[DONE]" not in first_finish  # the other choice is still running
-    last = stream.finish(Finished(FinishReason.LENGTH, Usage(7, 4)), 1)
-    frames = [f for f in last.split(b"\n\n") if f]
-    assert frames[-1] == b"data: [DONE]"
-    usage = orjson.loads(frames[-2][6:])["usage"]
-    assert usage["completion_tokens"] == 6
-    primer = stream.start()
-    assert primer.count(b'"role":"assistant"') == 2
+    assert DONE not in first_finish  # the other choice is still running
+    frames = sse_frames(stream.finish(Finished(FinishReason.LENGTH, Usage(7, 4)), 1))
+    assert frames[-1] == "[DONE]"
+    assert frames[-2]["usage"]["completion_tokens"] == 6
+    primer = sse_frames(stream.start())
+    assert [c["choices"][0]["delta"]["role"] for c in primer] == ["assistant"] * 2
 
 
 def test_parse_logprobs_true_with_top_logprobs(ctx: ProtocolContext) -> None:
@@ -354,16 +395,18 @@ def test_parse_logprobs_true_with_top_logprobs(ctx: ProtocolContext) -> None:
     assert parse_error(ctx, messages=[USER], logprobs=True, top_logprobs=21).param == "top_logprobs"
 
 
-def test_logprobs_render_in_openai_shape(ctx: ProtocolContext) -> None:
+def test_logprobs_render_in_openai_shape(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, messages=[USER], logprobs=True, top_logprobs=2)
     entry = TokenLogprob("Hi", -0.1, (("Hi", -0.1), ("Hey", -2.5)))
-    body = orjson.loads(FORMAT.to_json(job, [Result("Hi", FinishReason.STOP, Usage(3, 1), logprobs=(entry,))], ctx))
+    body = orjson.loads(
+        FORMAT.to_json(job, [Result("Hi", FinishReason.STOP, Usage(3, 1), logprobs=(entry,))], ctx)
+    )
     parsed = openai.types.chat.ChatCompletion.model_validate(body)
     content = parsed.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content[0].token == "Hi" and content[0].bytes == [72, 105]  # type: ignore[index]
     assert [t.token for t in content[0].top_logprobs] == ["Hi", "Hey"]  # type: ignore[index]
-    chunk = FORMAT.renderer(job, ctx).delta(TextDelta("Hi", (1,), (entry,)))
-    assert orjson.loads(chunk[6:])["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.1
+    [chunk] = sse_frames(FORMAT.renderer(job, ctx).delta(TextDelta("Hi", (1,), (entry,))))
+    assert chunk["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.1
 
 
 def test_parse_reasoning_effort_switches_thinking(ctx: ProtocolContext) -> None:

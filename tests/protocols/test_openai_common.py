@@ -76,8 +76,7 @@ def parse_error(parse: Callable[..., Job], **fields: Any) -> InvalidRequest:
         (ServeError("?"), 500, "server_error", None),
     ],
 )
-def test_error_body_maps_each_error_class(exc: ServeError, status: int, kind: str,
-                                          code: str | None) -> None:
+def test_error_body_maps_each_error_class(exc: ServeError, status: int, kind: str, code: str | None) -> None:
     for wire, _ in FORMATS:
         body = orjson.loads(wire.error_body(exc))
         error = {"message": exc.message, "type": kind, "param": None, "code": code}
@@ -93,8 +92,7 @@ def test_error_body_carries_param() -> None:
 def test_error_body_fills_sdk_error_fields() -> None:
     body = orjson.loads(openai_common.error_body(ContextTooLong("too long", param="messages")))
     err = openai.APIError("too long", request=None, body=body["error"])  # type: ignore[arg-type]
-    assert (err.type, err.code, err.param) == ("invalid_request_error", "context_length_exceeded",
-                                               "messages")
+    assert (err.type, err.code, err.param) == ("invalid_request_error", "context_length_exceeded", "messages")
 
 
 @pytest.mark.parametrize(
@@ -115,9 +113,10 @@ def test_error_param_reads_msgspec_paths(message: str, param: str | None) -> Non
 
 
 @pytest.mark.parametrize(("wire", "_base"), FORMATS, ids=["chat", "completions"])
-@pytest.mark.parametrize("raw", [b"", b"{", b'{"model": }', b"\xff\xfe", b"{\"model\": \"m\",}"])
-def test_parse_rejects_malformed_json(wire: WireFormat, _base: Body, raw: bytes,
-                                      ctx: ProtocolContext) -> None:
+@pytest.mark.parametrize("raw", [b"", b"{", b'{"model": }', b"\xff\xfe", b'{"model": "m",}'])
+def test_parse_rejects_malformed_json(
+    wire: WireFormat, _base: Body, raw: bytes, ctx: ProtocolContext
+) -> None:
     with pytest.raises(InvalidRequest) as info:
         wire.parse(raw, ctx)
     assert info.value.message.startswith("could not parse JSON body: ")
@@ -126,8 +125,9 @@ def test_parse_rejects_malformed_json(wire: WireFormat, _base: Body, raw: bytes,
 
 @pytest.mark.parametrize(("wire", "_base"), FORMATS, ids=["chat", "completions"])
 @pytest.mark.parametrize("raw", [b"[]", b"null", b'"hi"', b"3"])
-def test_parse_rejects_non_object_body(wire: WireFormat, _base: Body, raw: bytes,
-                                       ctx: ProtocolContext) -> None:
+def test_parse_rejects_non_object_body(
+    wire: WireFormat, _base: Body, raw: bytes, ctx: ProtocolContext
+) -> None:
     with pytest.raises(InvalidRequest) as info:
         wire.parse(raw, ctx)
     assert "Expected `object`" in info.value.message
@@ -172,8 +172,7 @@ def test_parse_rejects_non_object_body(wire: WireFormat, _base: Body, raw: bytes
         ("guided_choice", "red", "guided_choice"),
     ],
 )
-def test_parse_rejects_invalid_fields(fmt: Callable[..., Job], field: str, value: Any,
-                                      param: str) -> None:
+def test_parse_rejects_invalid_fields(fmt: Callable[..., Job], field: str, value: Any, param: str) -> None:
     err = parse_error(fmt, **{field: value})
     assert err.param == param
     assert f"`$.{param}`" in err.message or "missing required field" in err.message
@@ -188,8 +187,15 @@ SCHEMA: Body = {"type": "object", "properties": {"a": {"type": "integer"}}, "req
     ("fields", "grammar"),
     [
         ({"response_format": {"type": "json_object"}}, structured.json_schema(None, "p")),
-        ({"response_format": {"type": "json_schema", "json_schema": {
-            "name": "thing", "schema": SCHEMA, "strict": True}}}, structured.json_schema(SCHEMA, "p")),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True},
+                }
+            },
+            structured.json_schema(SCHEMA, "p"),
+        ),
         ({"guided_json": SCHEMA}, structured.json_schema(SCHEMA, "p")),
         ({"guided_json": orjson.dumps(SCHEMA).decode()}, structured.json_schema(SCHEMA, "p")),
         ({"guided_regex": "[a-z]+"}, structured.regex("[a-z]+", "p")),
@@ -203,8 +209,9 @@ SCHEMA: Body = {"type": "object", "properties": {"a": {"type": "integer"}}, "req
         ({"response_format": {"type": "text"}}, None),
     ],
 )
-def test_parse_turns_structured_output_fields_into_a_grammar(fmt: Callable[..., Job], fields: Body,
-                                                             grammar: str | None) -> None:
+def test_parse_turns_structured_output_fields_into_a_grammar(
+    fmt: Callable[..., Job], fields: Body, grammar: str | None
+) -> None:
     request = fmt(**fields).request
     assert request.grammar == grammar and not request.forced_tool_calls
 
@@ -212,26 +219,42 @@ def test_parse_turns_structured_output_fields_into_a_grammar(fmt: Callable[..., 
 @pytest.mark.parametrize(
     ("fields", "param", "says"),
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"type": "foo"}}}}, "response_format.json_schema.schema",
-         "invalid JSON schema: Invalid type: foo"),
-        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema",
-         "needs `json_schema`"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "foo"}},
+                }
+            },
+            "response_format.json_schema.schema",
+            "invalid JSON schema: Invalid type: foo",
+        ),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "needs `json_schema`"),
         ({"guided_json": "{not json"}, "guided_json", "invalid JSON schema: not JSON"),
         ({"guided_regex": "a[b"}, "guided_regex", "unclosed character class"),
         ({"guided_choice": []}, "guided_choice", "a choice needs a non-empty list of strings"),
         ({"guided_grammar": "start: nothing_here"}, "guided_grammar", 'unknown name: "nothing_here"'),
         ({"structured_outputs": {"regex": "(x"}}, "structured_outputs.regex", "invalid regex"),
-        ({"guided_regex": "x", "guided_choice": ["x"]}, "guided_choice",
-         "`guided_regex` and `guided_choice` both constrain the answer; give one"),
-        ({"response_format": {"type": "json_object"}, "structured_outputs": {"json": {}}},
-         "structured_outputs.json", "both constrain the answer"),
-        ({"structured_outputs": {"structural_tag": {"structures": []}}},
-         "structured_outputs.structural_tag", "is not supported yet"),
+        (
+            {"guided_regex": "x", "guided_choice": ["x"]},
+            "guided_choice",
+            "`guided_regex` and `guided_choice` both constrain the answer; give one",
+        ),
+        (
+            {"response_format": {"type": "json_object"}, "structured_outputs": {"json": {}}},
+            "structured_outputs.json",
+            "both constrain the answer",
+        ),
+        (
+            {"structured_outputs": {"structural_tag": {"structures": []}}},
+            "structured_outputs.structural_tag",
+            "is not supported yet",
+        ),
     ],
 )
-def test_parse_rejects_a_grammar_that_does_not_compile(fmt: Callable[..., Job], fields: Body,
-                                                       param: str, says: str) -> None:
+def test_parse_rejects_a_grammar_that_does_not_compile(
+    fmt: Callable[..., Job], fields: Body, param: str, says: str
+) -> None:
     err = parse_error(fmt, **fields)
     assert err.param == param and says in err.message
 
@@ -244,8 +267,9 @@ def test_parse_rejects_a_grammar_that_does_not_compile(fmt: Callable[..., Job], 
         ("draft_model", "some/draft", "`draft_model` is not supported yet"),
     ],
 )
-def test_parse_rejects_unsupported_fields(fmt: Callable[..., Job], field: str, value: Any,
-                                          message: str) -> None:
+def test_parse_rejects_unsupported_fields(
+    fmt: Callable[..., Job], field: str, value: Any, message: str
+) -> None:
     err = parse_error(fmt, **{field: value})
     assert (err.param, err.message) == (field, message)
 
@@ -265,16 +289,21 @@ def test_parse_rejects_unsupported_fields(fmt: Callable[..., Job], field: str, v
         {"draft_model": "default_model"},
     ],
 )
-def test_parse_accepts_unsupported_fields_at_neutral_values(fmt: Callable[..., Job],
-                                                            fields: Body) -> None:
+def test_parse_accepts_unsupported_fields_at_neutral_values(fmt: Callable[..., Job], fields: Body) -> None:
     assert fmt(**fields).request.prompt_tokens
 
 
 def test_parse_ignores_harmless_extra_fields(fmt: Callable[..., Job]) -> None:
-    job = fmt(user="u-1", metadata={"a": "b"}, store=False, service_tier="auto",
-              parallel_tool_calls=True, stream=True,
-              stream_options={"include_usage": True, "include_obfuscation": False},
-              something_new={"nested": [1, 2]})
+    job = fmt(
+        user="u-1",
+        metadata={"a": "b"},
+        store=False,
+        service_tier="auto",
+        parallel_tool_calls=True,
+        stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": False},
+        something_new={"nested": [1, 2]},
+    )
     assert job.stream and job.include_usage
 
 
@@ -290,13 +319,32 @@ def test_sampling_falls_back_to_server_defaults(fmt: Callable[..., Job]) -> None
 
 
 def test_sampling_takes_request_fields(fmt: Callable[..., Job]) -> None:
-    job = fmt(temperature=0, top_p=0.5, top_k=5, min_p=0.1, repetition_penalty=1.1,
-              repetition_context_size=64, presence_penalty=0.5, presence_context_size=30,
-              frequency_penalty=-0.5, frequency_context_size=40, seed=7, max_tokens=9)
+    job = fmt(
+        temperature=0,
+        top_p=0.5,
+        top_k=5,
+        min_p=0.1,
+        repetition_penalty=1.1,
+        repetition_context_size=64,
+        presence_penalty=0.5,
+        presence_context_size=30,
+        frequency_penalty=-0.5,
+        frequency_context_size=40,
+        seed=7,
+        max_tokens=9,
+    )
     assert job.request.sampling == SamplingParams(
-        temperature=0.0, top_p=0.5, top_k=5, min_p=0.1, repetition_penalty=1.1,
-        repetition_context_size=64, presence_penalty=0.5, presence_context_size=30,
-        frequency_penalty=-0.5, frequency_context_size=40, seed=7,
+        temperature=0.0,
+        top_p=0.5,
+        top_k=5,
+        min_p=0.1,
+        repetition_penalty=1.1,
+        repetition_context_size=64,
+        presence_penalty=0.5,
+        presence_context_size=30,
+        frequency_penalty=-0.5,
+        frequency_context_size=40,
+        seed=7,
     )
     assert job.request.max_tokens == 9
 
@@ -334,8 +382,7 @@ def test_logit_bias_rejects_keys_outside_vocab(fmt: Callable[..., Job], key: str
     ("stop", "expected"),
     [("END", ("END",)), (["a", "b"], ("a", "b")), ([], ()), (None, ()), (["x"] * 16, ("x",) * 16)],
 )
-def test_stop_accepts_string_or_list(fmt: Callable[..., Job], stop: Any,
-                                     expected: tuple[str, ...]) -> None:
+def test_stop_accepts_string_or_list(fmt: Callable[..., Job], stop: Any, expected: tuple[str, ...]) -> None:
     assert fmt(stop=stop).request.stop == expected
 
 
@@ -353,8 +400,7 @@ def test_model_defaults_to_served_model(fmt: Callable[..., Job], ctx: ProtocolCo
 
 def test_request_ids_are_unique_and_prefixed(ctx: ProtocolContext) -> None:
     chat = {openai_chat.FORMAT.parse(orjson.dumps(CHAT_BASE), ctx).request.id for _ in range(3)}
-    text = {openai_completions.FORMAT.parse(orjson.dumps(COMPLETION_BASE), ctx).request.id
-            for _ in range(3)}
+    text = {openai_completions.FORMAT.parse(orjson.dumps(COMPLETION_BASE), ctx).request.id for _ in range(3)}
     assert len(chat) == len(text) == 3
     assert all(i.startswith("chatcmpl-") and len(i) == 9 + 32 for i in chat)
     assert all(i.startswith("cmpl-") and len(i) == 5 + 32 for i in text)
@@ -366,7 +412,6 @@ def test_system_fingerprint_is_stable_per_model() -> None:
     assert fp.startswith("fp_") and len(fp) == 13
 
 
-
 # --- speculative decoding fields -------------------------------------------------------------
 
 
@@ -374,8 +419,12 @@ def test_prediction_and_num_draft_tokens_reach_the_engine_request(fmt: Callable[
     job = fmt(prediction={"type": "content", "content": "abc"}, num_draft_tokens=2)
     assert job.request.prediction == tuple(ord(c) for c in "abc")
     assert job.request.num_draft_tokens == 2
-    parts = fmt(prediction={"type": "content", "content": [{"type": "text", "text": "ab"},
-                                                           {"type": "text", "text": "c"}]})
+    parts = fmt(
+        prediction={
+            "type": "content",
+            "content": [{"type": "text", "text": "ab"}, {"type": "text", "text": "c"}],
+        }
+    )
     assert parts.request.prediction == job.request.prediction
     assert fmt(num_draft_tokens=0).request.num_draft_tokens == 0
     plain = fmt().request
@@ -393,6 +442,7 @@ def test_prediction_and_num_draft_tokens_reach_the_engine_request(fmt: Callable[
         ({"num_draft_tokens": 17}, "num_draft_tokens"),
     ],
 )
-def test_bad_speculation_fields_are_400s_naming_the_field(fmt: Callable[..., Job], fields: Body,
-                                                          param: str) -> None:
+def test_bad_speculation_fields_are_400s_naming_the_field(
+    fmt: Callable[..., Job], fields: Body, param: str
+) -> None:
     assert parse_error(fmt, **fields).param == param

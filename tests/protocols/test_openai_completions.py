@@ -12,10 +12,10 @@ from openai.types import Completion
 from engine.errors import InvalidRequest, QueueFull
 from engine.types import Finished, FinishReason, TextDelta, Usage
 from protocols import openai_completions
-from protocols.contract import Job, ProtocolContext, Result, WireFormat
+from protocols.contract import KEEP_ALIVE, Frames, Job, ProtocolContext, Result, WireFormat
 
 FORMAT: WireFormat = openai_completions.FORMAT
-Frames = Callable[[bytes], list[Any]]
+Split = Callable[[Frames], list[Any]]
 
 
 def parse(ctx: ProtocolContext, **fields: Any) -> Job:
@@ -50,8 +50,7 @@ def sdk_chunk(frame: dict[str, Any]) -> Completion:
         ([999], (999,)),
     ],
 )
-def test_parse_accepts_prompt_forms(ctx: ProtocolContext, prompt: Any,
-                                    tokens: tuple[int, ...]) -> None:
+def test_parse_accepts_prompt_forms(ctx: ProtocolContext, prompt: Any, tokens: tuple[int, ...]) -> None:
     job = parse(ctx, prompt=prompt)
     assert job.request.prompt_tokens == tokens
     assert job.request.id.startswith("cmpl-")
@@ -95,8 +94,7 @@ def test_parse_rejects_bad_prompts(ctx: ProtocolContext, prompt: Any, message: s
         ({"prompt": "x", "best_of": "2"}, "best_of"),
     ],
 )
-def test_parse_rejects_malformed_fields(ctx: ProtocolContext, fields: dict[str, Any],
-                                        param: str) -> None:
+def test_parse_rejects_malformed_fields(ctx: ProtocolContext, fields: dict[str, Any], param: str) -> None:
     assert parse_error(ctx, **fields).param == param
 
 
@@ -108,8 +106,9 @@ def test_parse_rejects_malformed_fields(ctx: ProtocolContext, fields: dict[str, 
         ("suffix", "tail", "`suffix` is not supported yet"),
     ],
 )
-def test_parse_rejects_unsupported_completion_fields(ctx: ProtocolContext, field: str,
-                                                     value: Any, message: str) -> None:
+def test_parse_rejects_unsupported_completion_fields(
+    ctx: ProtocolContext, field: str, value: Any, message: str
+) -> None:
     err = parse_error(ctx, prompt="x", **{field: value})
     assert (err.param, err.message) == (field, message)
 
@@ -134,10 +133,15 @@ def test_to_json_matches_openai_shape(ctx: ProtocolContext) -> None:
         "system_fingerprint": body["system_fingerprint"],
         "choices": [{"text": " upon", "index": 0, "logprobs": None, "finish_reason": "length"}],
         "usage": {
-            "prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
+            "prompt_tokens": 4,
+            "completion_tokens": 2,
+            "total_tokens": 6,
             "prompt_tokens_details": {"cached_tokens": 0},
-            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
-                                          "rejected_prediction_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
         },
     }
     sdk = Completion.model_validate(body)
@@ -148,7 +152,7 @@ def test_to_json_matches_openai_shape(ctx: ProtocolContext) -> None:
 # --- streaming ------------------------------------------------------------------------------
 
 
-def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> bytes:
+def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> Frames:
     renderer = FORMAT.renderer(job, ctx)
     out = renderer.start()
     for text in texts:
@@ -156,23 +160,27 @@ def run_stream(job: Job, ctx: ProtocolContext, texts: list[str]) -> bytes:
     return out + renderer.finish(Finished(FinishReason.STOP, Usage(3, len(texts)), "\n"))
 
 
-def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_frames_match_openai_sequence(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, prompt="Once", stream=True)
-    assert FORMAT.renderer(job, ctx).start() == b""
+    assert FORMAT.renderer(job, ctx).start() == []
     frames = sse_frames(run_stream(job, ctx, [" upon", " a"]))
-    head = {"id": job.request.id, "object": "text_completion", "created": 1_700_000_000,
-            "model": "m", "system_fingerprint": frames[0]["system_fingerprint"]}
+    head = {
+        "id": job.request.id,
+        "object": "text_completion",
+        "created": 1_700_000_000,
+        "model": "m",
+        "system_fingerprint": frames[0]["system_fingerprint"],
+    }
 
     def chunk(text: str, finish: str | None = None) -> dict[str, Any]:
-        return {**head, "choices": [{"text": text, "index": 0, "logprobs": None,
-                                     "finish_reason": finish}]}
+        return {**head, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
 
     assert frames == [chunk(" upon"), chunk(" a"), chunk("", "stop"), "[DONE]"]
     for frame in frames[:-1]:
         sdk_chunk(frame)
 
 
-def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Split) -> None:
     job = parse(ctx, prompt="Once", stream=True, stream_options={"include_usage": True})
     frames = sse_frames(run_stream(job, ctx, ["x", "", "y"]))
     assert [f["usage"] for f in frames[:-2]] == [None] * 3
@@ -182,15 +190,21 @@ def test_stream_with_usage_adds_usage_chunk(ctx: ProtocolContext, sse_frames: Fr
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "xy"
 
 
-def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Frames) -> None:
+def test_stream_error_frame_then_done(ctx: ProtocolContext, sse_frames: Split) -> None:
     renderer = FORMAT.renderer(parse(ctx, prompt="x", stream=True), ctx)
     frames = sse_frames(renderer.error(QueueFull("too many requests waiting")))
     assert frames == [
-        {"error": {"message": "too many requests waiting", "type": "requests", "param": None,
-                   "code": "rate_limit_exceeded"}},
+        {
+            "error": {
+                "message": "too many requests waiting",
+                "type": "requests",
+                "param": None,
+                "code": "rate_limit_exceeded",
+            }
+        },
         "[DONE]",
     ]
-    assert renderer.heartbeat() == b": keep-alive\n\n"
+    assert renderer.heartbeat() == KEEP_ALIVE
 
 
 def test_parse_logprobs_is_an_integer_of_alternatives(ctx: ProtocolContext) -> None:

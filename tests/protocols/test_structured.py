@@ -19,15 +19,21 @@ TOOL: Any = {"type": "function", "function": {"name": "f", "parameters": {"type"
 @pytest.mark.parametrize(
     ("build", "says"),
     [
-        (lambda: structured.json_schema({"properties": {"a": {"$ref": "#/$defs/gone"}}}, "p"),
-         "invalid JSON schema: Pointer '/$defs/gone' does not exist"),
-        (lambda: structured.json_schema({"type": "object", "minProperties": 3, "maxProperties": 1}, "p"),
-         "Unsatisfiable schema"),
+        (
+            lambda: structured.json_schema({"properties": {"a": {"$ref": "#/$defs/gone"}}}, "p"),
+            "invalid JSON schema: Pointer '/$defs/gone' does not exist",
+        ),
+        (
+            lambda: structured.json_schema({"type": "object", "minProperties": 3, "maxProperties": 1}, "p"),
+            "Unsatisfiable schema",
+        ),
         (lambda: structured.json_schema([1], "p"), "a JSON schema must be an object"),
         (lambda: structured.regex("(?<", "p"), "invalid regex"),
         (lambda: structured.choice(["a", 1], "p"), "a choice needs a non-empty list of strings"),
-        (lambda: structured.grammar('root ::= "a" [0-9+', "p"),
-         "Failed to convert the grammar from GBNF to Lark"),
+        (
+            lambda: structured.grammar('root ::= "a" [0-9+', "p"),
+            "Failed to convert the grammar from GBNF to Lark",
+        ),
         (lambda: structured.grammar('start: "a" | "b', "p"), "lexer error"),
     ],
 )

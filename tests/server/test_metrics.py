@@ -16,6 +16,7 @@ from engine.client import EngineState
 from engine.errors import ServeError
 from engine.thread import ThreadEngine
 from engine.types import Delta, Finished, Request
+from protocols.contract import Frame, SseComment, SseEvent
 from server.app import App
 from server.config import Config
 from server.metrics import ChoiceDone, Metrics, RequestDone, running_and_waiting
@@ -28,22 +29,22 @@ from tests.support.fake_engine import fake_engine
 
 
 class Frames:
-    """A minimal StreamRenderer: one line per event."""
+    """A minimal StreamRenderer: one text event per engine event."""
 
-    def start(self) -> bytes:
-        return b"start\n"
+    def start(self) -> list[Frame]:
+        return [SseEvent("start")]
 
-    def delta(self, event: Delta, index: int = 0) -> bytes:
-        return f"delta {getattr(event, 'text', '')}\n".encode()
+    def delta(self, event: Delta, index: int = 0) -> list[Frame]:
+        return [SseEvent(f"delta {getattr(event, 'text', '')}")]
 
-    def finish(self, event: Finished, index: int = 0) -> bytes:
-        return f"finish {event.reason.value}\n".encode()
+    def finish(self, event: Finished, index: int = 0) -> list[Frame]:
+        return [SseEvent(f"finish {event.reason.value}")]
 
-    def error(self, exc: ServeError) -> bytes:
-        return f"error {exc.status} {exc.message}\n".encode()
+    def error(self, exc: ServeError) -> list[Frame]:
+        return [SseEvent(f"error {exc.status} {exc.message}")]
 
-    def heartbeat(self) -> bytes:
-        return b": ping\n"
+    def heartbeat(self) -> Frame:
+        return SseComment("ping")
 
 
 def table_of(engine: ThreadEngine) -> RouteTable:
@@ -86,7 +87,7 @@ def test_metrics_stream_counts_tokens_ttft_itl_and_finish_reason() -> None:
         metrics = Metrics()
         app = RequestObserver(generating_app(engine), metrics, table=table_of(engine))
         r = await call(app, "POST", "/v1/chat/completions")
-        assert r.body.decode().splitlines()[-1] == "finish stop"
+        assert r.sse_data()[-1] == "finish stop"
         for _ in range(100):  # the engine thread retires the row just after its last event
             m = await scrape(metrics, engine)
             if m["mlx_serve:num_requests_running"] == 0:
@@ -167,7 +168,7 @@ def test_drain_ends_open_stream_with_error_frame_and_aborts_engine() -> None:
         return reply
 
     r = asyncio.run(go())
-    lines = r.body.decode().splitlines()
+    lines = r.sse_data()
     assert lines[-1].startswith("error 503 the server is shutting down")
     assert sum(ln.startswith("delta") for ln in lines) < 400
     assert engine.counters.requests_finished == 0
@@ -192,7 +193,7 @@ def test_drain_lets_short_stream_finish_and_refuses_new_requests() -> None:
         return finished, None
 
     finished, refused = asyncio.run(go())
-    assert finished.body.decode().splitlines()[-1] == "finish stop"
+    assert finished.sse_data()[-1] == "finish stop"
     assert refused is not None and refused.status == 503
 
 
