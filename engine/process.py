@@ -111,9 +111,10 @@ class ProcessEngine(EngineClient):
     def _load_failed(self, error: str) -> None:
         """Nothing to serve: a restart cannot fix a model that does not load or fit."""
         self.state, self.error = EngineState.FAILED, error
-        log.error("%s", error)
         if self.on_fatal is not None:
-            self.on_fatal(error)
+            self.on_fatal(error)  # the server says it once, and exits
+        else:
+            log.error("%s", error)
 
     def _spawn(self) -> None:
         ctx = mp.get_context("spawn")

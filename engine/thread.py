@@ -62,9 +62,10 @@ class ThreadEngine(EngineClient):
         except Exception as exc:
             log.debug("model failed to load", exc_info=True)
             self.error, self.state = f"cannot load the model: {type(exc).__name__}: {exc}", EngineState.FAILED
-            log.error("%s", self.error)
             if self.on_fatal is not None:
-                self.on_fatal(self.error)
+                self.on_fatal(self.error)  # the server says it once, and exits
+            else:
+                log.error("%s", self.error)
             return
         self.state = EngineState.READY
         try:

@@ -137,7 +137,7 @@ def test_process_engine_child_death_fails_inflight_then_restarts() -> None:
 
 
 @pytest.mark.parametrize("fatal", [False, True])
-def test_process_engine_load_failure_is_reported(fatal: bool) -> None:
+def test_process_engine_load_failure_is_fatal(fatal: bool) -> None:
     told: list[str] = []
 
     async def go() -> tuple[EngineState, str | None]:
@@ -152,4 +152,5 @@ def test_process_engine_load_failure_is_reported(fatal: bool) -> None:
     state, error = run(go())
     assert error is not None and "weights missing" in error
     assert state is EngineState.STOPPED
-    assert told == (["InsufficientMemory: weights missing"] if fatal else [])
+    kind = "InsufficientMemory" if fatal else "RuntimeError"
+    assert told == [f"cannot load the model: {kind}: weights missing"]  # the server exits 1 with it
