@@ -26,9 +26,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.errors import ContextTooLong, InvalidRequest
+
+if TYPE_CHECKING:  # MLX itself is imported where it is measured (see the module note)
+    import mlx.core as mx
+
+    from engine.mlx_boundary import Model
 
 # Leaves 30% of RAM to the OS, the server process, MLX's buffer cache and fragmentation.
 CPU_RAM_FRACTION = 0.7
@@ -178,7 +183,7 @@ def admit(plan: MemoryPlan, prompt_tokens: int, max_tokens: int) -> Admission:
 
 
 def plan_memory(
-    model: Any,
+    model: Model,
     *,
     budget_bytes: int | None,
     prefill_step_size: int,
@@ -272,7 +277,7 @@ def _largest(fits: Callable[[int], bool], hi: int) -> int:
 # -- measuring ------------------------------------------------------------------------
 
 
-def weights_bytes(model: Any) -> int:
+def weights_bytes(model: Model) -> int:
     """Bytes of every parameter as stored (quantized weights count their packed size)."""
     return sum(a.nbytes for a in _arrays(model.parameters()))
 
@@ -283,10 +288,11 @@ class Probe:
     shape: ModelShape
 
 
-def _probe(model: Any) -> Probe:
+def _probe(model: Model) -> Probe:
     """A few tokens through a fresh cache: the caches' shapes and dtypes give the KV cost."""
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
+
+    from engine.mlx_boundary import make_prompt_cache
 
     # Never evaluated: MLX knows the shapes and dtypes of the lazy graph, so the probe costs no
     # forward pass (and no memory) even for a large model on a CPU.
@@ -296,8 +302,8 @@ def _probe(model: Any) -> Probe:
     return Probe(kv, _shape(model, logits.shape[-1], logits.dtype.size))
 
 
-def _layer_cost(c: Any) -> KvCost:
-    from mlx_lm.models import cache as mc
+def _layer_cost(c: Any) -> KvCost:  # a layer of any kind, read by what it has
+    from engine import mlx_boundary as mc
 
     if isinstance(c, mc.CacheList):
         return sum((_layer_cost(x) for x in c.caches), KvCost())
@@ -311,21 +317,21 @@ def _layer_cost(c: Any) -> KvCost:
     return KvCost(per_token=per_token)
 
 
-def _bytes_per_slot(x: Any) -> int:
+def _bytes_per_slot(x: object) -> int:
     # Keys/values are (batch=1, heads, slots, dim), or a tuple of such for quantized caches;
     # dividing by the allocated slots skips the 256-slot preallocation.
     return sum(a.nbytes // a.shape[-2] for a in _arrays(x) if a.ndim >= 2)
 
 
-def _arrays(tree: Any) -> list[Any]:
+def _arrays(tree: object) -> list[mx.array]:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    flat: list[tuple[str, Any]] = tree_flatten(tree, destination=[])  # type: ignore[assignment]
+    flat = cast("list[tuple[str, object]]", tree_flatten(tree, destination=[]))
     return [a for _, a in flat if isinstance(a, mx.array)]
 
 
-def _shape(model: Any, vocab: int, act_bytes: int) -> ModelShape:
+def _shape(model: Model, vocab: int, act_bytes: int) -> ModelShape:
     hidden = _arg(model, "hidden_size", "d_model", "n_embd", "dim") or 8192
     inter = max(
         _arg(model, "intermediate_size", "ffn_dim", "n_inner", "hidden_dim") or 4 * hidden,
@@ -335,7 +341,7 @@ def _shape(model: Any, vocab: int, act_bytes: int) -> ModelShape:
     return ModelShape(hidden, inter, heads, vocab, act_bytes, _arg(model, *MAX_CONTEXT_KEYS))
 
 
-def _arg(model: Any, *names: str) -> int | None:
+def _arg(model: Model, *names: str) -> int | None:
     """The first positive integer setting by these names in the model's args (or text_config)."""
     args = getattr(model, "args", None)
     text = getattr(args, "text_config", None)

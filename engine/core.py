@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine.errors import EngineFailed, ServeError
 from engine.reasoning import ReasoningSplitter, reasoning_splitter
@@ -29,16 +29,25 @@ from engine.types import (
     Usage,
 )
 
+if TYPE_CHECKING:  # the core itself imports no MLX: the runner holds it
+    from engine.admission import MemoryPlan
+    from engine.grammar import Constraint, GrammarTokenizer
+    from engine.mlx_boundary import CacheLayer, Detokenizer, LogitsProcessor, Tokenizer
+
 log = logging.getLogger("mlx_serve.engine")
 
 
 class PrefixLookup(Protocol):
-    def lookup(self, tokens: tuple[int, ...]) -> tuple[list[Any] | None, int]: ...
+    def lookup(self, tokens: tuple[int, ...]) -> tuple[list[CacheLayer] | None, int]: ...
 
 
 class Runner(Protocol):
     def admit(
-        self, request: Request, cache: list[Any] | None = None, num_cached: int = 0, constraint: Any = None
+        self,
+        request: Request,
+        cache: list[CacheLayer] | None = None,
+        num_cached: int = 0,
+        constraint: LogitsProcessor | None = None,
     ) -> None: ...
     def step(self, plan: StepPlan) -> StepOutput: ...
     def reset(self) -> None: ...
@@ -80,7 +89,7 @@ class RowText:
     """Token ids to client deltas for one sequence: UTF-8-safe detokenizing, stop strings,
     then tool-call markup split out of the text when the request offered tools."""
 
-    detokenizer: Any
+    detokenizer: Detokenizer
     stops: StopMatcher
     tools: ToolCallSplitter | None = None
     reasoning: ReasoningSplitter | None = None
@@ -138,7 +147,7 @@ class Core:
         self,
         scheduler: Scheduler,
         runner: Runner,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         counters: Counters,
         prefix_cache: PrefixLookup | None = None,
         tool_parser: str | None = None,
@@ -152,10 +161,10 @@ class Core:
         self.texts: dict[str, RowText] = {}
         self.clocks: dict[str, Clock] = {}
         self.tool_format = tool_format_for(tokenizer, tool_parser)
-        self._prefixes: dict[str, tuple[list[Any] | None, int]] = {}
-        self._constraints: dict[str, Any] = {}  # grammar state of constrained requests, by id
-        self._grammar_tokenizer: Any = None  # built on the first constrained request
-        self.memory_plan: Any = None  # the admission plan this core was sized by, if any
+        self._prefixes: dict[str, tuple[list[CacheLayer] | None, int]] = {}
+        self._constraints: dict[str, Constraint] = {}  # grammar state of constrained requests, by id
+        self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
+        self.memory_plan: MemoryPlan | None = None  # the admission plan this core was sized by, if any
         scheduler.cached_prefix = self._lookup_prefix
 
     def _lookup_prefix(self, request: Request) -> int:
@@ -209,7 +218,7 @@ class Core:
         if constraint is not None:
             self._constraints[ticket.request.id] = constraint
 
-    def _constraint(self, request: Request) -> Any:
+    def _constraint(self, request: Request) -> Constraint | None:
         """The request's grammar as a fresh matcher (InvalidRequest if it does not compile)."""
         if request.grammar is None:
             return None

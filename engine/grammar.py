@@ -10,7 +10,7 @@ row ends with `stop`.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import llguidance
 import llguidance.hf
@@ -18,6 +18,10 @@ import mlx.core as mx
 import numpy as np
 
 from engine.errors import InvalidRequest
+from engine.mlx_boundary import Tokenizer, async_eval
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 log = logging.getLogger("mlx_serve.engine")
 
@@ -25,8 +29,9 @@ log = logging.getLogger("mlx_serve.engine")
 class GrammarTokenizer:
     """llguidance's view of the model's vocabulary; built once per engine (about a second)."""
 
-    def __init__(self, wrapper: Any) -> None:
-        hf = getattr(wrapper, "_tokenizer", wrapper)  # mlx-lm's wrapper holds the HF tokenizer
+    def __init__(self, wrapper: Tokenizer) -> None:
+        # mlx-lm's wrapper holds the HF tokenizer
+        hf = cast("PreTrainedTokenizerFast", getattr(wrapper, "_tokenizer", wrapper))
         # Every id the scheduler ends a row on: a complete grammar allows exactly those.
         self.ll = llguidance.hf.from_tokenizer(hf, eos_token=sorted(wrapper.eos_token_ids))
 
@@ -56,10 +61,10 @@ class Constraint:
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         # int() waits for the previous step's sampling only. A refused token (it cannot come
         # from the masked logits) leaves the matcher failed, and a failed matcher allows only EOS.
-        if self._started and not self.consume(int(tokens[-1].item())):
+        if self._started and not self.consume(int(tokens[-1])):
             log.warning("a grammar refused a sampled token; the row ends: %s", self.error)
         self._started = True
-        mx.async_eval(logits)  # this step's forward runs while the CPU computes the mask
+        async_eval(logits)  # this step's forward runs while the CPU computes the mask
         return self.apply(logits)
 
     def consume(self, token: int) -> bool:

@@ -8,10 +8,10 @@ prefix of its prompt. The key includes the model and adapter, so entries never c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+from engine.mlx_boundary import CacheLayer, LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 
 @dataclass(slots=True)
@@ -36,7 +36,7 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def lookup(self, tokens: tuple[int, ...]) -> tuple[list[Any] | None, int]:
+    def lookup(self, tokens: tuple[int, ...]) -> tuple[list[CacheLayer] | None, int]:
         """A private copy of the longest usable cached prefix, and how many tokens it holds.
 
         At least one prompt token is always left to compute, since the first sampled token
@@ -57,7 +57,7 @@ class PrefixCache:
         self.stats.cached_tokens += n
         return cache, n
 
-    def store(self, tokens: list[int], cache: list[Any]) -> None:
+    def store(self, tokens: list[int], cache: list[CacheLayer]) -> None:
         if not tokens:
             return
         mx.eval([c.state for c in cache])  # detach from the batch's buffers now

@@ -11,18 +11,27 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
-from mlx_lm.generate import PromptProcessingBatch, StopSequences, generation_stream
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
-from mlx_lm.sample_utils import greedy_sampler
 
 from engine.admission import weights_bytes
+from engine.mlx_boundary import (
+    BatchKVCache,
+    CacheLayer,
+    LogitsProcessor,
+    Model,
+    PromptProcessingBatch,
+    StopSequences,
+    generation_stream,
+    greedy_sampler,
+    make_prompt_cache,
+)
 from engine.prefix_cache import PrefixCache
-from engine.sampling import LogitsProcessor, make_row_processors, make_row_sampler
-from engine.scheduler import StepOutput, StepPlan
+from engine.sampling import make_row_processors, make_row_sampler
+from engine.scheduler import StepOutput, StepPlan, TokenLogprobs
 from engine.speculation.drafting import (
     TYPICAL_ACCEPTANCE,
     Draft,
@@ -38,14 +47,17 @@ from engine.types import Request
 NO_LIMIT = 1 << 40  # the scheduler decides when a row ends, not mlx-lm
 
 
-def _lone_row_mask(original: Any) -> Any:
+MakeMask = Callable[..., mx.array | None]  # BatchKVCache.make_mask
+
+
+def _lone_row_mask(original: MakeMask) -> MakeMask:
     """A batch of one row has no padding, so its one new query attends to every key.
 
     mlx-lm's single-stream path passes no mask at all then; the batch cache builds a padding
     mask every step anyway. Skipping it gives a lone request the single-stream decode path.
     """
 
-    def make_mask(self: Any, N: int, return_array: bool = False, **kwargs: Any) -> Any:
+    def make_mask(self: BatchKVCache, N: int, return_array: bool = False, **kwargs: Any) -> mx.array | None:
         if N == 1 and not return_array and self.left_padding.shape[0] == 1:
             return None
         return original(self, N, return_array=return_array, **kwargs)
@@ -54,7 +66,7 @@ def _lone_row_mask(original: Any) -> Any:
 
 
 if not getattr(BatchKVCache.make_mask, "_mlx_serve", False):
-    BatchKVCache.make_mask = _lone_row_mask(BatchKVCache.make_mask)
+    BatchKVCache.make_mask = _lone_row_mask(BatchKVCache.make_mask)  # type: ignore[method-assign]
     BatchKVCache.make_mask._mlx_serve = True  # type: ignore[attr-defined]
 
 
@@ -64,11 +76,11 @@ class Speculation:
 
     kind: str | None = None  # "ngram", "draft" (a draft model) or None (only per-request predictions)
     num_draft_tokens: int = 3
-    draft_model: Any = None
+    draft_model: Model | None = None
     gated: bool = True  # speculate only where it measures faster (off: whenever a row has drafts)
 
 
-def draft_breakeven(model: Any, draft: Any, k: int) -> tuple[float, float | None, bool]:
+def draft_breakeven(model: Model, draft: Model, k: int) -> tuple[float, float | None, bool]:
     """A draft model's cost per token (its share of the target's weight bytes), the acceptance
     at which k drafts pay off even with a free verify step (None: none does), and whether that
     is above what a typical acceptance brings (then the gate starts every batch size plain)."""
@@ -82,7 +94,7 @@ class BatchRunner:
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
         prefill_step_size: int = 2048,
         prefix_cache: PrefixCache | None = None,
@@ -113,7 +125,7 @@ class BatchRunner:
     def admit(
         self,
         request: Request,
-        cache: list[Any] | None = None,
+        cache: list[CacheLayer] | None = None,
         num_cached: int = 0,
         constraint: LogitsProcessor | None = None,
     ) -> None:
@@ -236,7 +248,9 @@ class BatchRunner:
 
     def _speculate(self, drafts: list[Draft | None], model_k: list[int] | None) -> StepOutput:
         results = self._gen.speculate(drafts, model_k)
-        tokens, spec, flat = {}, {}, []
+        tokens: dict[str, int | tuple[int, ...]] = {}
+        spec: dict[str, tuple[int, int]] = {}
+        flat: list[tuple[str, int, mx.array]] = []
         for r in results:
             seq_id = self._seq_of[r.uid]
             tokens[seq_id] = tuple(r.tokens)
@@ -246,7 +260,9 @@ class BatchRunner:
                 spec[seq_id] = (r.drafted, r.accepted)
         return StepOutput(tokens, self._logprobs(flat), spec)
 
-    def _logprobs(self, rows: list[tuple[str, int, mx.array]]) -> dict[str, Any]:
+    def _logprobs(
+        self, rows: list[tuple[str, int, mx.array]]
+    ) -> dict[str, TokenLogprobs | list[TokenLogprobs]]:
         """The sampled token's log-probability and the top alternatives, for rows that asked.
         A row that emitted several tokens this step gets a list, one entry per token."""
         want = [(s, t, lp) for s, t, lp in rows if self._requests[s].logprobs is not None]
@@ -258,10 +274,13 @@ class BatchRunner:
         top_lps = mx.take_along_axis(stacked, top_ids, axis=-1)
         chosen = mx.take_along_axis(stacked, mx.array([[t] for _, t, _ in want]), axis=-1)
         mx.eval(top_ids, top_lps, chosen)
-        out: dict[str, Any] = {}
-        for (seq_id, _, _), ids, lps, lp in zip(want, top_ids.tolist(), top_lps.tolist(), chosen.tolist()):
+        out: dict[str, TokenLogprobs | list[TokenLogprobs]] = {}
+        top_id_rows = cast("list[list[int]]", top_ids.tolist())
+        top_lp_rows = cast("list[list[float]]", top_lps.tolist())
+        chosen_rows = cast("list[list[float]]", chosen.tolist())
+        for (seq_id, _, _), ids, lps, lp in zip(want, top_id_rows, top_lp_rows, chosen_rows):
             n = self._requests[seq_id].logprobs or 0
-            entry = (lp[0], tuple(sorted(zip(ids, lps), key=lambda p: -p[1])[:n]))
+            entry: TokenLogprobs = (lp[0], tuple(sorted(zip(ids, lps), key=lambda p: -p[1])[:n]))
             if seq_id in out:
                 prev = out[seq_id]
                 out[seq_id] = (prev if isinstance(prev, list) else [prev]) + [entry]
@@ -320,9 +339,10 @@ class BatchRunner:
 
     def reset(self) -> None:
         """Forget every row (after a fault): the next request starts from a clean batch."""
-        self.__init__(
+        type(self).__init__(
+            self,
             self.model,
-            prefill_step_size=self.prefill_step_size,  # type: ignore[misc]
+            prefill_step_size=self.prefill_step_size,
             prefix_cache=self.prefix_cache,
             speculation=self.speculation,
         )

@@ -10,18 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import (
+
+from engine.mlx_boundary import (
+    LogitsProcessor,
+    Sampler,
     apply_min_p,
     apply_top_k,
     apply_top_p,
     greedy_sampler,
     make_logits_processors,
 )
-
 from engine.types import SamplingParams
-
-Sampler = Callable[[mx.array], mx.array]
-LogitsProcessor = Callable[[mx.array, mx.array], mx.array]  # (token context, logits) -> logits
 
 
 class RowSampler:

@@ -16,13 +16,12 @@ a speculating server for them: engine.admission.plan_memory's draft_tokens).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
-from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from engine.admission import SPECULATION_MIN_HOLES as MIN_HOLES_TO_COMPACT  # admission charges for them
+from engine.mlx_boundary import BatchKVCache, KVCache, create_causal_mask
 
 
 class CutKVCache(BatchKVCache):
@@ -42,7 +41,7 @@ class CutKVCache(BatchKVCache):
         out.keys, out.values, out.offset, out.left_padding, out._idx = cache.state
         return out
 
-    def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> Any:
+    def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> mx.array | None:
         if self.holes is None:
             return super().make_mask(N, return_array=return_array, **kwargs)
         mask = create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
@@ -57,7 +56,7 @@ class CutKVCache(BatchKVCache):
         dropped = before - self._idx  # padding every remaining row had, sliced off the front
         self.holes = self.holes[mx.array(batch_indices)][:, dropped:] if any(self.counts) else None
 
-    def extend(self, other: Any) -> None:
+    def extend(self, other: BatchKVCache) -> None:
         """Both sides are right-justified to the longer one, their holes with them."""
         mine, theirs = self.holes, getattr(other, "holes", None)
         rows, other_rows = self.offset.shape[0], other.offset.shape[0]
@@ -76,8 +75,9 @@ class CutKVCache(BatchKVCache):
         """Row idx alone, its holes left out (what the prefix cache stores)."""
         if self.holes is None or not self.counts[idx]:
             return super().extract(idx)
-        start = int(self.left_padding[idx].item())
-        holes = _fit(self.holes[idx : idx + 1], self._idx)[0].tolist()
+        assert self.keys is not None and self.values is not None  # a cut row has been written
+        start = int(self.left_padding[idx])
+        holes = cast("list[bool]", _fit(self.holes[idx : idx + 1], self._idx)[0].tolist())
         kept = mx.array([p for p in range(start, self._idx) if not holes[p]])
         cache = KVCache()
         cache.keys = mx.contiguous(mx.take(self.keys[idx : idx + 1], kept, axis=2))
@@ -86,7 +86,7 @@ class CutKVCache(BatchKVCache):
         return cache
 
 
-def cut_rows(caches: list[Any], cut: list[int]) -> None:
+def cut_rows(caches: list[BatchKVCache], cut: list[int]) -> None:
     """Drop the last cut[i] positions of row i from every layer's batch cache (in place: the
     list's caches become CutKVCaches). See the module note."""
     low, high = min(cut), max(cut)
@@ -95,7 +95,8 @@ def cut_rows(caches: list[Any], cut: list[int]) -> None:
     for i, c in enumerate(caches):
         if not isinstance(c, CutKVCache):
             caches[i] = CutKVCache.adopt(c)
-    first: CutKVCache = caches[0]
+    layers = cast("list[CutKVCache]", caches)  # every layer adopted above
+    first = layers[0]
     n = first._idx - low
     offset = first.offset - mx.array(cut)
     holes, counts = first.holes, first.counts
@@ -104,16 +105,16 @@ def cut_rows(caches: list[Any], cut: list[int]) -> None:
         new = at >= mx.array([n - (c - low) for c in cut])[:, None]
         holes = new if holes is None else new | _fit(holes, n)
         counts = [h + c - low for h, c in zip(counts, cut)]
-    for c in caches:
+    for c in layers:
         c._idx, c.offset, c.holes, c.counts = n, offset, holes, counts
     if max(counts) >= max(MIN_HOLES_TO_COMPACT, n // 16):
-        compact(caches)
+        compact(layers)
 
 
-def compact(caches: list[Any]) -> None:
+def compact(caches: list[CutKVCache]) -> None:
     """Move each row's kept positions right-justified (holes and padding to its front), then
     slice off the front padding every row has."""
-    first: CutKVCache = caches[0]
+    first = caches[0]
     n = first._idx
     at = mx.arange(n)[None, :]
     kept = (at >= first.left_padding[:, None]) & ~_fit(first.holes, n)
@@ -122,10 +123,11 @@ def compact(caches: list[Any]) -> None:
     # (a permutation built from running counts: a sort costs seconds on MLX's CUDA backend).
     dest = mx.where(kept, n - num_kept + mx.cumsum(kept, axis=1) - 1, mx.cumsum(~kept, axis=1) - 1)
     order = mx.put_along_axis(mx.zeros((kept.shape[0], n), dtype=mx.int32), dest, at.astype(mx.int32), axis=1)
-    common = int((n - num_kept).min().item())
+    common = int((n - num_kept).min())
     order = order[:, common:]
     left_padding = (n - num_kept[:, 0] - common).astype(first.left_padding.dtype)
     for c in caches:
+        assert c.keys is not None and c.values is not None  # a cut layer has been written
         gather = order[:, None, :, None]
         c.keys = mx.take_along_axis(c.keys[..., :n, :], gather, axis=2)
         c.values = mx.take_along_axis(c.values[..., :n, :], gather, axis=2)

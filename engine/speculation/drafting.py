@@ -15,7 +15,6 @@ accepts nothing when the guess turns out wrong — it costs a wider forward, nev
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 MAX_NGRAM = 3
 
@@ -216,7 +215,7 @@ class SpeculationGate:
         self.max_interval = max_interval
         self._rate: dict[tuple[int, bool], float] = {}
         # per bucket: [steps since the last probe, probe interval, the winner at the last probe]
-        self._probe: dict[int, list[Any]] = {}
+        self._probe: dict[int, list[int | bool]] = {}
 
     def choose(self, rows: int) -> bool:
         rows = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ... share what they learn

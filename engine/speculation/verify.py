@@ -20,13 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationBatch
-from mlx_lm.models.cache import KVCache, make_prompt_cache
-from mlx_lm.sample_utils import greedy_sampler
 
+from engine.mlx_boundary import (
+    BatchKVCache,
+    GenerationBatch,
+    KVCache,
+    Model,
+    greedy_sampler,
+    make_prompt_cache,
+)
 from engine.speculation.cut_cache import cut_rows
 from engine.speculation.drafting import Draft
 
@@ -44,7 +49,7 @@ class RowResult:
     accepted: int
 
 
-def can_speculate(model: Any) -> bool:
+def can_speculate(model: Model) -> bool:
     """Speculation cuts KV per row; that needs plain (non-rotating, unquantized) caches."""
     return all(type(c) is KVCache for c in make_prompt_cache(model))
 
@@ -55,24 +60,24 @@ CATCH_UP = 16  # the widest piece a lagging draft cache catches up by in one for
 class DraftRows:
     """The draft model's KV for every row of the batch, in the batch's row order."""
 
-    def __init__(self, model: Any, prefill_step_size: int) -> None:
+    def __init__(self, model: Model, prefill_step_size: int) -> None:
         self.model = model
         self.prefill_step_size = prefill_step_size
-        self.caches: list[Any] = []
+        self.caches: list[BatchKVCache] = []
         self.seen: list[int] = []  # tokens of each row's history the draft's cache holds
         self.live: list[bool] = []  # rows the draft follows (the others hold a placeholder)
-        self._template: list[Any] | None = None
+        self._template: list[KVCache] | None = None
 
     def prefill(self, prompts: list[list[int]], mirror: list[bool] | None = None) -> None:
         """New rows joined the batch with these prompts (their whole prompt is in the target KV).
         A row not mirrored gets a one-token placeholder and is never drafted for."""
         mirror = mirror if mirror is not None else [True] * len(prompts)
-        rows = []
+        rows: list[list[KVCache]] = []
         for prompt, live in zip(prompts, mirror):
             if not live:
                 rows.append(self._placeholder())
                 continue
-            cache = make_prompt_cache(self.model)
+            cache = _plain_cache(self.model)
             for at in range(0, len(prompt), self.prefill_step_size):
                 self.model(mx.array(prompt[at : at + self.prefill_step_size])[None], cache=cache)
                 mx.eval([c.state for c in cache])
@@ -86,11 +91,11 @@ class DraftRows:
         self.seen.extend(len(p) for p in prompts)
         self.live.extend(mirror)
 
-    def _placeholder(self) -> list[Any]:
+    def _placeholder(self) -> list[KVCache]:
         """A one-position cache standing in for a row the draft does not follow (made once;
         merging copies it into the batch caches)."""
         if self._template is None:
-            self._template = make_prompt_cache(self.model)
+            self._template = _plain_cache(self.model)
             self.model(mx.array([[0]]), cache=self._template)
             mx.eval([c.state for c in self._template])
         return self._template
@@ -143,7 +148,7 @@ class SpecBatch(GenerationBatch):
     draft_rows: DraftRows | None = None
     known: dict[int, int]  # uid → its pending token, when a speculative step left it concrete
 
-    def next(self) -> list[Any]:
+    def next(self) -> list[GenerationBatch.Response]:
         self.known = {}
         return super().next()
 
@@ -159,9 +164,10 @@ class SpecBatch(GenerationBatch):
         """One verify step for the whole batch. `drafts[i]` is row i's lookup draft (or None);
         `draft_k[i]` (with a draft model) is how many of the model's drafts row i takes."""
         pending = self._next_tokens
-        model_drafts = None
-        if self.draft_rows is not None and draft_k is not None and max(draft_k) > 0:
-            model_drafts = self.draft_rows.draft(self.tokens, pending, max(draft_k))
+        assert pending is not None  # a speculative step has rows
+        model_k = max(draft_k) if draft_k is not None else 0
+        drafter = self.draft_rows if model_k > 0 else None
+        model_drafts = drafter.draft(self.tokens, pending, model_k) if drafter is not None else None
         lengths = [len(d.tokens) if d is not None else 0 for d in drafts]
         if draft_k is not None:
             lengths = [max(n, k) for n, k in zip(lengths, draft_k)]
@@ -180,12 +186,13 @@ class SpecBatch(GenerationBatch):
                 md = mx.pad(md, [(0, 0), (0, width - 1 - md.shape[1])])
             table = mx.where(use_model, md.astype(mx.uint32), table)
         inputs = mx.concatenate([pending.astype(mx.uint32)[:, None], table], axis=1)
-        logits = self.model(inputs, cache=self.prompt_cache)
+        caches = cast("list[BatchKVCache]", self.prompt_cache)  # can_speculate: plain KV caches
+        logits = self.model(inputs, cache=caches)
         logits = self._processed(inputs, logits, lengths)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled, commits = self._sample(logprobs)
         mx.eval(inputs, sampled, self._next_logprobs)
-        fed, got = inputs.tolist(), sampled.tolist()
+        fed, got = cast("list[list[int]]", inputs.tolist()), cast("list[list[int]]", sampled.tolist())
         results, cut, accepted_all = [], [], []
         next_tokens, next_logprobs = [], []
         for e, uid in enumerate(self.uids):
@@ -195,8 +202,8 @@ class SpecBatch(GenerationBatch):
             while ok and a < n and fed[e][1 + a] == got[e][a]:
                 a += 1
             emitted = fed[e][: 1 + a]
-            if commits[e] is not None:
-                commits[e](a + 1)
+            if (commit := commits[e]) is not None:
+                commit(a + 1)
             results.append(
                 RowResult(uid, emitted, [self._next_logprobs[e]] + [logprobs[e, j] for j in range(a)], n, a)
             )
@@ -208,9 +215,9 @@ class SpecBatch(GenerationBatch):
             self._num_tokens[e] += len(emitted)
             if self.logits_processors[e]:
                 self._token_context[e].update_and_fetch(mx.array(emitted))
-        cut_rows(self.prompt_cache, cut)
-        if model_drafts is not None:
-            self.draft_rows.settle(accepted_all, max(draft_k))  # type: ignore[union-attr,arg-type]
+        cut_rows(caches, cut)
+        if drafter is not None:
+            drafter.settle(accepted_all, model_k)
         self._next_tokens = mx.array(next_tokens, dtype=pending.dtype)
         self._next_logprobs = next_logprobs
         self.known = dict(zip(self.uids, next_tokens))
@@ -244,23 +251,30 @@ class SpecBatch(GenerationBatch):
         greedy = mx.argmax(logprobs, axis=-1)
         if all(s is greedy_sampler for s in samplers):
             return greedy, [None] * len(samplers)
-        rows, commits = [], []
+        rows: list[mx.array] = []
+        commits: list[Callable[[int], None] | None] = []
         for e, s in enumerate(samplers):
             if s is greedy_sampler or not hasattr(s, "many"):
                 rows.append(greedy[e])
                 commits.append(None)
                 continue
-            toks, commit = s.many(logprobs[e])
+            many: Callable[[mx.array], tuple[mx.array, Callable[[int], None]]] = s.many  # RowSampler.many
+            toks, commit = many(logprobs[e])
             rows.append(toks.astype(greedy.dtype))
             commits.append(commit)
         return mx.stack(rows), commits
 
 
-def empty_batch(model: Any, draft_rows: DraftRows | None) -> SpecBatch:
+def empty_batch(model: Model, draft_rows: DraftRows | None) -> SpecBatch:
     batch = SpecBatch.empty(model, greedy_sampler)
     batch.draft_rows = draft_rows
     batch.known = {}
     return batch
+
+
+def _plain_cache(model: Model) -> list[KVCache]:
+    # A draft model speculates only with plain KV caches (engine.build.load_draft checks).
+    return cast("list[KVCache]", make_prompt_cache(model))
 
 
 __all__ = ["DraftMismatch", "DraftRows", "RowResult", "SpecBatch", "can_speculate", "empty_batch"]
