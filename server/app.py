@@ -219,7 +219,9 @@ class App:
         job = fmt.parse(body, ctx)
         self._check_model(job.model)
         stream = record_of(scope).track(self.engine.submit(choices(job)))
-        notes = [(b"warning", w.encode()) for w in stream.warnings]
+        for note in job.warnings:
+            log.warning("%s %s: %s", scope["method"], scope["path"], note)
+        notes = [(b"warning", w.encode()) for w in (*job.warnings, *stream.warnings)]
         if job.stream:
             renderer = fmt.renderer(job, ctx)
             await stream_sse(receive, send, stream, renderer, self.config.heartbeat_s, notes)
@@ -240,7 +242,9 @@ class App:
                 raise EngineUnavailable(f"model is {self.engine.state.value}; try again shortly")
             c = self.config
             defaults = Defaults(c.temp, c.top_p, c.top_k, c.min_p, c.max_tokens, c.chat_template_args)
-            self._ctx = ProtocolContext(model.model_id, model.tokenizer, defaults, self.created)
+            self._ctx = ProtocolContext(
+                model.model_id, model.tokenizer, defaults, self.created, model.context_length
+            )
         return replace(self._ctx, created=int(time.time()))
 
 
@@ -264,16 +268,28 @@ def _without_body(send: Send) -> Send:
 
 
 def choices(job: Job) -> list[Request]:
-    """One engine request per choice; with n > 1 they share one prefill of the prompt."""
+    """One engine request per choice, prompt by prompt (`n` each); the `n` choices of a prompt
+    share one prefill of it. Choice i of prompt p is index p * n + i, as OpenAI numbers them."""
     first = job.request
-    if job.n == 1:
+    prompts = (first.prompt_tokens, *job.prompts)
+    if len(prompts) == 1 and job.n == 1:
         return [first]
-    leader = replace(first, id=f"{first.id}-0", share_prompt=True)
-    out = [leader]
-    for i in range(1, job.n):
-        seed = first.sampling.seed
-        sampling = replace(first.sampling, seed=None if seed is None else seed + i)
-        out.append(replace(first, id=f"{first.id}-{i}", sampling=sampling, after=leader.id))
+    out: list[Request] = []
+    for p, tokens in enumerate(prompts):
+        leader = replace(first, id=f"{first.id}-{p * job.n}", prompt_tokens=tokens, share_prompt=job.n > 1)
+        out.append(leader)
+        for i in range(1, job.n):
+            seed = first.sampling.seed
+            sampling = replace(first.sampling, seed=None if seed is None else seed + i)
+            out.append(
+                replace(
+                    leader,
+                    id=f"{first.id}-{p * job.n + i}",
+                    sampling=sampling,
+                    share_prompt=False,
+                    after=leader.id,
+                )
+            )
     return out
 
 
