@@ -71,6 +71,7 @@ class App:
             Route("POST", "/v1/messages", gen(anthropic_messages.FORMAT), an),
             Route("POST", "/v1/messages/count_tokens", self.count_tokens, an),
             Route("POST", "/v1/responses", gen(self.responses), oa),
+            Route("POST", "/v1/responses/compact", self.compact, oa),
             Route("GET", "/v1/responses/{response_id}", self.stored_response, oa),
             Route("DELETE", "/v1/responses/{response_id}", self.stored_response, oa),
         ]
@@ -196,6 +197,19 @@ class App:
         body = await read_body(receive, self.config.max_body_bytes)
         status, out = anthropic_messages.count_tokens(body, self.context())
         await send_json(send, status, out)
+
+    async def compact(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/responses/compact: the conversation summarised by the model, as one
+        compaction item after the user's messages."""
+        body = await read_body(receive, self.config.max_body_bytes)
+        ctx = self.context()
+        job = self.responses.compact_job(body, ctx)
+        self._check_model(job.model)
+        stream = record_of(scope).track(self.engine.submit([job.request]))
+        results = await collect(receive, stream)
+        if results is not None:
+            notes = [(b"warning", w.encode()) for w in stream.warnings]
+            await send_json(send, 200, self.responses.compacted(job, results[0], ctx), notes)
 
     async def stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
         response_id = scope["path_params"]["response_id"]

@@ -60,7 +60,7 @@ def sse_events(stream: bytes) -> list[tuple[str | None, Any]]:
             if key == b"event":
                 name = value.decode()
             elif key == b"data":
-                data = orjson.loads(value)
+                data = "[DONE]" if value == b"[DONE]" else orjson.loads(value)
         out.append((name, data))
     return out
 
