@@ -366,7 +366,7 @@ class OpenAIResponses:
 
     def compact_job(self, body: bytes, ctx: ProtocolContext) -> CompactJob:
         """The model's summary of a conversation: the conversation, then the compaction prompt
-        (`instructions` replace it); the user's messages stay as they are."""
+        (`instructions` replace it), at most --max-tokens long; the user's messages stay."""
         req = common.decode(_COMPACT_DECODER, body)
         history, new_input = self._conversation(req.previous_response_id, req.input)
         items = history + new_input
@@ -377,7 +377,8 @@ class OpenAIResponses:
             id=conv.new_id(ID_PREFIX),
             prompt_tokens=tuple(ids),
             sampling=conv.sampling(ctx, None, None),
-            max_tokens=ctx.room_after(len(ids)),
+            # A summary is meant to be short: the server's --max-tokens, within the room left.
+            max_tokens=min(ctx.defaults.max_tokens, ctx.room_after(len(ids))),
         )
         kept = tuple(
             i.content
