@@ -131,6 +131,14 @@ def decode(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
         raise InvalidRequest(f"could not parse JSON body: {exc}") from exc
 
 
+def invalid_at(exc: msgspec.ValidationError, path: str) -> InvalidRequest:
+    """A ValidationError on one part of the body (`input[2]`, `tools[0]`), its path made whole."""
+    message = str(exc)
+    at = f"`$.{path}"
+    message = message.replace("`$", at) if " - at `$" in message else f"{message} - at {at}`"
+    return InvalidRequest(f"invalid request: {message}", param=error_param(message))
+
+
 def error_param(message: str) -> str | None:
     """The field a msgspec ValidationError message points at, as `messages[0].role`."""
     at = _ERROR_PATH.search(message)

@@ -157,10 +157,7 @@ def _item(raw: dict[str, Any], path: str) -> AnyItem:
     try:
         item: AnyItem = msgspec.convert({**raw, "type": kind}, AnyItem)
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        at = f"`$.{path}"
-        message = message.replace("`$", at) if " - at `$" in message else f"{message} - at {at}`"
-        raise InvalidRequest(f"invalid request: {message}", param=common.error_param(message)) from exc
+        raise common.invalid_at(exc, path) from exc
     return item
 
 

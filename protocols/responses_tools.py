@@ -142,10 +142,7 @@ def _convert(spec: dict[str, Any], kind: type[Any], path: str) -> Any:
     try:
         return msgspec.convert({k: v for k, v in spec.items() if k != "type"}, kind)
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        at = f"`$.{path}"
-        message = message.replace("`$", at) if " - at `$" in message else f"{message} - at {at}`"
-        raise InvalidRequest(f"invalid request: {message}", param=common.error_param(message)) from exc
+        raise common.invalid_at(exc, path) from exc
 
 
 def _add_function(

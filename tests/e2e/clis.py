@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.support.server_proc import ServerProcess
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".npm-tools" / "node_modules" / ".bin"
 CLAUDE_CODE = "2.1.332"
@@ -54,6 +58,17 @@ exporter = "none"
 [features]
 plugins = false
 """
+
+
+def serve(model: str, log: Path, optional: bool = False) -> ServerProcess:
+    """mlx-serve with `model` under the name the CLIs ask for. An `optional` model the server
+    cannot have (it says so in one line and exits 1) skips the test instead of failing it."""
+    try:
+        return ServerProcess(["--model", model, "--served-model-name", MODEL], log, ready_timeout_s=900)
+    except RuntimeError as exc:
+        if not optional:
+            raise
+        pytest.skip(f"{model} is not available here: {str(exc).splitlines()[-1]}")
 
 
 def installed(name: str, version: str) -> bool:

@@ -35,21 +35,14 @@ MARKER = "mlx-serve-ok"
 
 @pytest.fixture(scope="module")
 def smollm(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("logs") / "claude-smollm.log"
-    server = ServerProcess(["--model", str(smollm_path), "--served-model-name", clis.MODEL], log)
+    server = clis.serve(str(smollm_path), tmp_path_factory.mktemp("logs") / "claude-smollm.log")
     yield server
     server.close()
 
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("logs") / "claude-tools.log"
-    try:
-        server = ServerProcess(
-            ["--model", TOOL_MODEL, "--served-model-name", clis.MODEL], log, ready_timeout_s=900
-        )
-    except RuntimeError as exc:  # one clear line and exit 1 when the model cannot be had
-        pytest.skip(f"{TOOL_MODEL} is not available here: {str(exc).splitlines()[-1]}")
+    server = clis.serve(TOOL_MODEL, optional=True, log=tmp_path_factory.mktemp("logs") / "claude-tools.log")
     yield server
     server.close()
 

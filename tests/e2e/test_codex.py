@@ -46,21 +46,14 @@ def lean(scratch: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def smollm(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("logs") / "codex-smollm.log"
-    server = ServerProcess(["--model", str(smollm_path), "--served-model-name", clis.MODEL], log)
+    server = clis.serve(str(smollm_path), tmp_path_factory.mktemp("logs") / "codex-smollm.log")
     yield server
     server.close()
 
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("logs") / "codex-tools.log"
-    try:
-        server = ServerProcess(
-            ["--model", TOOL_MODEL, "--served-model-name", clis.MODEL], log, ready_timeout_s=900
-        )
-    except RuntimeError as exc:
-        pytest.skip(f"{TOOL_MODEL} is not available here: {str(exc).splitlines()[-1]}")
+    server = clis.serve(TOOL_MODEL, optional=True, log=tmp_path_factory.mktemp("logs") / "codex-tools.log")
     yield server
     server.close()
 
