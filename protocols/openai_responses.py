@@ -7,6 +7,7 @@ messages, reasoning `reasoning_content`. Tools are flattened and checked in `res
 answers shaped in `responses_output`. Finished responses are kept in a ResponsesStore, so GET
 can return them and `previous_response_id` can continue them; the format owns its store.
 Without `max_output_tokens` the answer may run to the context that remains, as the API's do.
+Compaction lives in `responses_compact`.
 """
 
 from __future__ import annotations
@@ -25,14 +26,13 @@ from protocols import conversation as conv
 from protocols import openai_common as common
 from protocols import structured
 from protocols.contract import Job, NotFound, ProtocolContext, Result
+from protocols.responses_compact import COMPACT_DECODER, CompactJob, compact_job, compacted
 from protocols.responses_input import (
     AnyItem,
     InputItem,
     ItemReference,
-    MessageItem,
     as_item,
     input_items,
-    opaque,
     template_messages,
 )
 from protocols.responses_output import (
@@ -41,7 +41,6 @@ from protocols.responses_output import (
     finished_status,
     output_items,
     response_json,
-    usage_json,
 )
 from protocols.responses_store import ResponsesStore
 from protocols.responses_tools import Toolset, toolset
@@ -50,11 +49,6 @@ __all__ = ["OpenAIResponses", "ResponsesJob", "ResponsesStore", "error_body"]
 
 ID_PREFIX = "resp"
 KEEP_REASONING = "reasoning.encrypted_content"
-COMPACTION_PROMPT = (
-    "Summarise the conversation so far for whoever continues it: the user's goals and requests, "
-    "the decisions made, what was learned (files, commands, results), and what remains to do. "
-    "Write only the summary."
-)
 
 
 class TextFormat(Struct, frozen=True, omit_defaults=True):
@@ -114,24 +108,7 @@ class ResponsesBody(Struct, frozen=True, kw_only=True):
     context_management: Any = None
 
 
-class CompactBody(Struct, frozen=True, kw_only=True):
-    """The body of POST /v1/responses/compact: `model` is required, as the specification says."""
-
-    model: str
-    input: str | list[dict[str, Any]] | None = None
-    previous_response_id: str | None = None
-    instructions: str | None = None
-
-
 _DECODER = msgspec.json.Decoder(ResponsesBody)
-_COMPACT_DECODER = msgspec.json.Decoder(CompactBody)
-
-
-@dataclass(frozen=True, slots=True)
-class CompactJob(Job):
-    """A compaction: the summary's request, and the user messages the compacted window keeps."""
-
-    kept: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,56 +342,13 @@ class OpenAIResponses:
     # -- compaction (POST /v1/responses/compact) -------------------------------------------------
 
     def compact_job(self, body: bytes, ctx: ProtocolContext) -> CompactJob:
-        """The model's summary of a conversation: the conversation, then the compaction prompt
-        (`instructions` replace it), at most --max-tokens long; the user's messages stay."""
-        req = common.decode(_COMPACT_DECODER, body)
+        """The summary's request for a conversation given or stored (see responses_compact)."""
+        req = common.decode(COMPACT_DECODER, body)
         history, new_input = self._conversation(req.previous_response_id, req.input)
-        items = history + new_input
-        ask = MessageItem(role="user", content=req.instructions or COMPACTION_PROMPT)
-        messages = template_messages(None, (*items, ask), Toolset().model_name, len(history))
-        ids = conv.render_prompt(ctx, messages, None, {}, "input")
-        request = Request(
-            id=conv.new_id(ID_PREFIX),
-            prompt_tokens=tuple(ids),
-            sampling=conv.sampling(ctx, None, None),
-            # A summary is meant to be short: the server's --max-tokens, within the room left.
-            max_tokens=min(ctx.defaults.max_tokens, ctx.room_after(len(ids))),
-        )
-        kept = tuple(
-            i.content
-            if isinstance(i.content, str)
-            else conv.join_text([getattr(p, "text", "") for p in i.content])
-            for i in items
-            if isinstance(i, MessageItem) and i.role == "user"
-        )
-        return CompactJob(request, stream=False, model=req.model, kept=kept)
+        return compact_job(req, history, new_input, ctx)
 
     def compacted(self, job: CompactJob, result: Result, ctx: ProtocolContext) -> bytes:
-        """The `response.compaction` object: the user's messages, then one compaction item."""
-        users = [
-            {
-                "id": conv.new_id("msg"),
-                "type": "message",
-                "status": "completed",
-                "role": "user",
-                "content": [{"type": "input_text", "text": text}],
-            }
-            for text in job.kept
-        ]
-        compaction = {
-            "id": conv.new_id("cmp"),
-            "type": "compaction",
-            "encrypted_content": opaque(result.text.strip()),
-        }
-        return orjson.dumps(
-            {
-                "id": job.request.id,
-                "object": "response.compaction",
-                "output": [*users, compaction],
-                "created_at": ctx.created,
-                "usage": usage_json(result.usage),
-            }
-        )
+        return compacted(job, result, ctx)
 
     # -- stored responses -------------------------------------------------------------------------
 

@@ -29,7 +29,8 @@ from engine.types import (
 )
 from protocols import structured
 from protocols.contract import NotFound, ProtocolContext, Result
-from protocols.openai_responses import COMPACTION_PROMPT, OpenAIResponses, ResponsesJob, ResponsesStore
+from protocols.openai_responses import OpenAIResponses, ResponsesJob, ResponsesStore
+from protocols.responses_compact import COMPACTION_PROMPT
 from protocols.responses_input import SUMMARY_HEADING, opaque, unwrap
 from tests.protocols.scripted import ScriptedServer, render_json, render_stream, sse_events
 
