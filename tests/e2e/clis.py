@@ -71,13 +71,15 @@ def serve(model: str, log: Path, optional: bool = False) -> ServerProcess:
         pytest.skip(f"{model} is not available here: {str(exc).splitlines()[-1]}")
 
 
+PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
+
+
 def installed(name: str, version: str) -> bool:
-    """Whether `name` (claude, codex) is installed at the pinned version."""
-    exe = BIN / name
-    if not exe.exists():
+    """Whether `name` (claude, codex) is installed at the pinned version (read, not run)."""
+    manifest = BIN.parent / PACKAGES[name] / "package.json"
+    if not (BIN / name).exists() or not manifest.exists():
         return False
-    out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60, check=False)
-    return version in out.stdout
+    return bool(json.loads(manifest.read_text()).get("version") == version)
 
 
 @dataclass(frozen=True, slots=True)
