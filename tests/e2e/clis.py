@@ -114,19 +114,24 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> Ru
     return Run(out.returncode, events, out.stdout, out.stderr)
 
 
-def claude(base_url: str, scratch: Path, prompt: str, *args: str, timeout_s: float = 600) -> Run:
+def claude(
+    base_url: str,
+    scratch: Path,
+    prompt: str,
+    *args: str,
+    timeout_s: float = 600,
+    env: dict[str, str] | None = None,
+) -> Run:
     """`claude -p PROMPT --output-format stream-json --verbose --model local-model ARGS`."""
     tmp = str(scratch / "tmp")
-    env = _isolated(
-        scratch,
-        {
-            "ANTHROPIC_BASE_URL": base_url,
-            "ANTHROPIC_API_KEY": KEY,
-            "CLAUDE_CODE_TMPDIR": tmp,
-            "XDG_RUNTIME_DIR": tmp,
-            **CLAUDE_QUIET,
-        },
-    )
+    settings = {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": KEY,
+        "CLAUDE_CODE_TMPDIR": tmp,
+        "XDG_RUNTIME_DIR": tmp,
+        **CLAUDE_QUIET,
+        **(env or {}),
+    }
     cmd = [
         str(BIN / "claude"),
         "-p",
@@ -138,7 +143,7 @@ def claude(base_url: str, scratch: Path, prompt: str, *args: str, timeout_s: flo
         MODEL,
         *args,
     ]
-    return _run(cmd, env, scratch / "work", timeout_s)
+    return _run(cmd, _isolated(scratch, settings), scratch / "work", timeout_s)
 
 
 def codex(base_url: str, scratch: Path, prompt: str, *args: str, timeout_s: float = 600) -> Run:
