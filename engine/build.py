@@ -15,7 +15,24 @@ from engine.loader import LoadedModel, ModelSpec, load_model
 from engine.types import Counters
 
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the server's and the engine's
 log = logging.getLogger("mlx_serve.engine")
+
+
+def prepare_process(blas: str) -> None:
+    """Before MLX is imported: the attention choice, then the BLAS (which may re-exec us)."""
+    from engine.backend import prefer_shape_free_attention
+    from engine.blas import reexec_with_blas
+
+    prefer_shape_free_attention()  # before the BLAS re-exec, which passes the environment on
+    reexec_with_blas(blas)
+
+
+def tool_call_parsers() -> list[str]:
+    """The tool-call markup families --tool-call-parser may name."""
+    from engine.tools.formats import parser_names
+
+    return list(parser_names())
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.build import LOG_FORMAT
 from engine.client import EngineClient, EngineState, RequestStream
 from engine.core import Ticket
 from engine.errors import EngineFailed, ServeError
 from engine.types import Counters, Event, Finished, Request
 
 log = logging.getLogger("mlx_serve.engine")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 @dataclass(frozen=True, slots=True)

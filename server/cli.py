@@ -28,12 +28,9 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(service_main(args[1:]))
     config = load_config(args)
-    from engine.backend import prefer_shape_free_attention
-    from engine.blas import reexec_with_blas
+    from engine.build import LOG_FORMAT, prepare_process
 
-    prefer_shape_free_attention()  # before the BLAS re-exec, which passes the environment on
-    reexec_with_blas(config.blas)
-    from engine.process import LOG_FORMAT
+    prepare_process(config.blas)
 
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
     try:

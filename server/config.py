@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.tools.formats import parser_names
+from engine.build import tool_call_parsers
 
 SECONDS = 1.0
 MIB = 1 << 20
@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--tool-call-parser",
-        choices=parser_names(),
+        choices=tool_call_parsers(),
         metavar="NAME",
         help="the model family's tool-call markup, one of: %(choices)s "
         "(default: what mlx-lm infers from the chat template, else hermes)",
@@ -255,8 +255,10 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
         parser.error("--max-tokens must be at least 1")
     if cfg.log_level.upper() not in LOG_LEVELS:
         parser.error(f"log level must be one of {', '.join(LOG_LEVELS)}")
-    if cfg.tool_call_parser is not None and cfg.tool_call_parser not in parser_names():
-        parser.error(f"--tool-call-parser {cfg.tool_call_parser!r} is not one of {', '.join(parser_names())}")
+    if cfg.tool_call_parser is not None and cfg.tool_call_parser not in tool_call_parsers():
+        parser.error(
+            f"--tool-call-parser {cfg.tool_call_parser!r} is not one of {', '.join(tool_call_parsers())}"
+        )
     _check_deploy(cfg, parser)
 
 
