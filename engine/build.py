@@ -97,7 +97,7 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
     """The engine the server talks to: nothing is loaded until its `start()`."""
     from dataclasses import replace
 
-    from engine.process import ProcessEngine
+    from engine.process import ChildPlan, ProcessEngine
     from engine.thread import ThreadEngine
 
     settings = replace(settings, draft_spec=source.draft_spec())
@@ -114,12 +114,11 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
 
         return ThreadEngine(load, make, capacity=settings.capacity)
 
-    def prepare() -> tuple[Any, tuple[Any, ...]]:
+    def prepare() -> ChildPlan:
         from engine.loader import load_tokenizer
 
         spec = source.model_spec()
-        view = LoadedModel(model=None, tokenizer=load_tokenizer(spec), model_id=spec.model_id, path=spec.path)
-        return view, (load_and_build, (spec, settings))
+        return ChildPlan(spec.model_id, load_and_build, (spec, settings), lambda: load_tokenizer(spec))
 
     return ProcessEngine(prepare, capacity=settings.capacity)
 
