@@ -29,7 +29,7 @@ from tests.deploy.tools import (
     trusting,
     wait_for_stats,
 )
-from tests.support.server_proc import ServerProcess
+from tests.support.server_proc import ServerProcess, free_port
 
 # One batch row and two waiting places: with three requests in, the fourth is refused with 429.
 # (Not one waiting place: mlx-serve's scheduler then refuses the second of two requests that reach
@@ -279,6 +279,28 @@ def test_without_http_429_in_proxy_next_upstream_the_client_gets_the_429(pool: P
         nginx.stop()
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_with_no_replica_left_the_client_gets_a_json_503_not_nginxs_502(tmp_path: Path) -> None:
+    # Two replicas that refuse every connection: each request tries both (nginx's own 502), and
+    # after max_fails both rest, so nginx has none to try ("no live upstreams", a 502 again).
+    nginx = Nginx([free_port(), free_port()], tmp_path, site=REPLICAS_SITE).start()
+    try:
+        with client(nginx) as c:
+            answers = [
+                post(c, nginx, [{"role": "user", "content": "Hi."}], f"s{n}" if n % 2 else None)
+                for n in range(8)
+            ]
+    finally:
+        nginx.stop()
+    errors = (tmp_path / "error.log").read_text()
+    assert "Connection refused" in errors and "no live upstreams" in errors
+    for r in answers:
+        assert r.status_code == 503, r.text
+        assert r.headers["content-type"] == "application/json"
+        assert r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "no_replica_available"
+        assert r.json()["type"] == "error" and r.json()["error"]["message"]
 
 
 # -- (e), (c) a replica killed mid-run -------------------------------------------------------
