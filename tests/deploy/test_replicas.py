@@ -100,14 +100,8 @@ def post(
     return c.post(nginx.url + CHAT, json=body, headers=session_header(session))
 
 
-def ask(
-    c: httpx.Client,
-    nginx: Nginx,
-    messages: list[dict[str, str]],
-    session: str | None = None,
-    max_tokens: int = 2,
-) -> dict[str, Any]:
-    r = post(c, nginx, messages, session, max_tokens)
+def ok(r: httpx.Response) -> dict[str, Any]:
+    """The JSON of a 200."""
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -144,7 +138,7 @@ def session_on(nginx: Nginx, replicas: Sequence[ServerProcess], index: int, trie
     with client(nginx) as c:
         for n in range(tries):
             before = started(replicas)
-            ask(c, nginx, [{"role": "user", "content": "Hi."}], f"probe-{n}", max_tokens=1)
+            ok(post(c, nginx, [{"role": "user", "content": "Hi."}], f"probe-{n}", max_tokens=1))
             if home(replicas, before) == index:
                 return f"probe-{n}"
     raise AssertionError(f"none of {tries} session ids hashed to replica {index}")
@@ -202,17 +196,12 @@ def two_turns(c: httpx.Client, pool: Pool, topic: str, session: str | None) -> T
     prompt its replica found in its prefix cache."""
     first_messages = [{"role": "user", "content": f"{topic}: name three birds."}]
     before = started(pool.replicas)
-    first = ask(c, pool.nginx, first_messages, session, max_tokens=3)
+    first = ok(post(c, pool.nginx, first_messages, session, max_tokens=3))
     first_home = home(pool.replicas, before)
     reply = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
     before = started(pool.replicas)
-    second = ask(
-        c,
-        pool.nginx,
-        [*first_messages, reply, {"role": "user", "content": "And fish?"}],
-        session,
-        max_tokens=3,
-    )
+    second_messages = [*first_messages, reply, {"role": "user", "content": "And fish?"}]
+    second = ok(post(c, pool.nginx, second_messages, session, max_tokens=3))
     second_home = home(pool.replicas, before)
     return TwoTurns(
         (first_home, second_home),
@@ -253,7 +242,7 @@ def test_full_replica_429_is_retried_on_the_other_before_any_byte(pool: Pool) ->
         )
         before, logged = started(pool.replicas), len(nginx.upstream_log())
         with client(nginx) as c:
-            ask(c, nginx, messages, session, max_tokens=3)
+            ok(post(c, nginx, messages, session, max_tokens=3))
             stream_to_end(c, nginx, "Hi once more.", session)
         assert since(pool.replicas, before) == [0, 2]
     lines = nginx.upstream_log()[logged:]
