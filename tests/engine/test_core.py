@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from engine.core import Core, Ticket
-from engine.errors import EngineFailed, QueueFull, ServeError
+from engine.errors import EngineFailed, ServeError
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.types import Counters, EngineTimings, Event, Finished, FinishReason, Request, TextDelta, Usage
 from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
@@ -161,13 +161,14 @@ def test_core_drops_a_ticket_aborted_before_it_is_accepted() -> None:
     assert h.core.counters.requests_aborted == 1 and h.core.counters.requests_started == 1
 
 
-def test_core_queue_full_is_told_to_the_ticket() -> None:
-    h = make(ScriptedRunner(["x"]), max_running=1, max_waiting=2)
-    clients = [h.submit(req(name)) for name in ("a", "b", "c")]
+def test_core_takes_every_ticket_the_gate_let_through() -> None:
+    # One admission owner: the engine client's Gate bounds running + waiting before any byte;
+    # the core never refuses a ticket in-band for the queue's length (issue 15, item 6).
+    h = make(ScriptedRunner(["x"]), max_running=1)
+    clients = [h.submit(req(f"r{i}")) for i in range(80)]
     with serving(h):
-        error = clients[2].next()
-        assert [c.until_end()[0] for c in clients[:2]] == ["x", "x"]
-    assert isinstance(error, QueueFull) and error.status == 429
+        ends = [c.until_end() for c in clients]
+    assert ends == [("x", Finished(FinishReason.STOP, Usage(3, 2, 0)))] * 80
 
 
 def test_core_runner_fault_fails_every_in_flight_ticket_and_serves_the_next() -> None:

@@ -99,8 +99,7 @@ class ScriptedRunner:
 
 def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | None = None,
                 load_gate: threading.Event | None = None, load_error: str | None = None,
-                max_running: int = 32, max_waiting: int = 64,
-                capacity: int = 1 << 30, thinking: bool = False,
+                max_running: int = 32, capacity: int = 1 << 30, thinking: bool = False,
                 tool_parser: str | None = None) -> tuple[ThreadEngine, list[ScriptedRunner]]:
     runners: list[ScriptedRunner] = []
 
@@ -114,7 +113,7 @@ def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | Non
 
     def make_core(loaded: LoadedModel, counters: Counters) -> Core:
         runners.append(ScriptedRunner(pieces, step_s, fail_after))
-        config = SchedulerConfig(max_running=max_running, max_waiting=max_waiting)
+        config = SchedulerConfig(max_running=max_running)
         scheduler = Scheduler(config, frozenset({EOS}))
         return Core(scheduler, runners[-1], loaded.tokenizer, counters, tool_parser=tool_parser)
 
