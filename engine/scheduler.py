@@ -32,7 +32,7 @@ class SeqState(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity: lists of them are searched with remove()
 class Sequence:
     request: Request
     order: int
@@ -91,6 +91,8 @@ class StepOutput:
     logprobs: dict[str, TokenLogprobs | list[TokenLogprobs]] = field(default_factory=dict)
     # Speculating rows: (draft tokens verified, draft tokens accepted) this step.
     speculation: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Rows whose own part of the step raised (why): the runner has dropped them; they fail alone.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

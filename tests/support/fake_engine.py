@@ -60,27 +60,51 @@ class FakeTokenizer:
         return self.encode(text)
 
 
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A fault injected into one row: raise at `admit`; fail its `prefill` chunk; fail it in
+    `decode` at its `at`-th token; or emit `token` as its `at`-th token (a `token` fault)."""
+
+    phase: str
+    at: int = 0
+    token: int = 0
+
+
 @dataclass(slots=True)
 class ScriptedRunner:
-    """Row k-th token is id k (piece k-1), then EOS; `step_s` per step; a fault after `fail_after`."""
+    """Row k-th token is id k (piece k-1), then EOS; `step_s` per step; a fault no row can be
+    blamed for after `fail_after` tokens; `faults` hurt one row each, as the real runner reports
+    them (StepOutput.failed) or as admit raises."""
 
     pieces: list[str]
     step_s: float = 0.0
     fail_after: int | None = None
+    faults: dict[str, Fault] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     steps_taken: list[int] = field(default_factory=list)
     max_rows_seen: int = 0
+    resets: int = 0
 
     def admit(self, request: Request, cache: Any = None, num_cached: int = 0,
               constraint: Any = None) -> None:
+        if self._fault(request.id, "admit") is not None:
+            raise RuntimeError("injected fault at admit")
         self.rows[request.id] = -1
+
+    def _fault(self, seq_id: str, phase: str) -> Fault | None:
+        fault = self.faults.get(seq_id)
+        return fault if fault is not None and fault.phase == phase else None
 
     def step(self, plan: StepPlan) -> StepOutput:
         for seq_id in plan.release:
             if seq_id in self.rows:
                 self.steps_taken.append(max(self.rows.pop(seq_id), 0))
+        failed: dict[str, str] = {}
         for chunk in plan.prefill:
-            if chunk.final:
+            if self._fault(chunk.seq_id, "prefill") is not None:
+                self.rows.pop(chunk.seq_id, None)
+                failed[chunk.seq_id] = "RuntimeError: injected fault in a prefill chunk"
+            elif chunk.final:
                 self.rows[chunk.seq_id] = 0
         live = {s: n for s, n in self.rows.items() if n >= 0}
         self.max_rows_seen = max(self.max_rows_seen, len(live))
@@ -89,12 +113,19 @@ class ScriptedRunner:
         for seq_id, n in live.items():
             if self.fail_after is not None and n == self.fail_after:
                 raise RuntimeError("simulated engine fault")
+            if (fault := self._fault(seq_id, "decode")) is not None and n == fault.at:
+                self.rows.pop(seq_id)
+                failed[seq_id] = "RuntimeError: injected fault in decode"
+                continue
             self.rows[seq_id] = n + 1
             out[seq_id] = n + 1 if n < len(self.pieces) else EOS
-        return StepOutput(out)
+            if (fault := self._fault(seq_id, "token")) is not None and n == fault.at:
+                out[seq_id] = fault.token
+        return StepOutput(out, failed=failed)
 
     def reset(self) -> None:
         self.rows.clear()
+        self.resets += 1
 
 
 def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | None = None,
