@@ -55,6 +55,7 @@ class Config:
     kv_bits: int | None = None
     pipeline: bool = False
     max_body_bytes: int = 32 * MIB
+    body_timeout_s: float = 60 * SECONDS
     heartbeat_s: float = 15 * SECONDS
     startup_timeout_s: float = 600 * SECONDS
     keep_alive_s: float = 75 * SECONDS
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kv-bits", type=int, help="KV cache quantization bits (not supported yet)")
     a("--pipeline", action="store_true", help="pipeline parallel (not supported yet)")
     a("--max-body-bytes", type=_parse_size, help="largest request body (32M)")
+    a("--body-timeout-s", type=float, help="seconds a request body may take to arrive, then 408 (60)")
     a("--heartbeat-s", type=float, help="seconds between SSE keep-alive comments (15)")
     a("--startup-timeout-s", type=float, help="seconds allowed for model loading (600)")
     a("--keep-alive-s", type=float, help="idle HTTP keep-alive seconds (75)")
@@ -267,3 +269,5 @@ def _check_deploy(cfg: Config, parser: argparse.ArgumentParser) -> None:
         parser.error("--api-key must not be empty")
     if cfg.shutdown_timeout_s < 0:
         parser.error("--shutdown-timeout-s must not be negative")
+    if cfg.body_timeout_s <= 0:
+        parser.error("--body-timeout-s must be above 0")

@@ -13,8 +13,16 @@ from engine.loader import LoadedModel
 from engine.scheduler import Scheduler, SchedulerConfig, StepOutput, StepPlan
 from engine.thread import ThreadEngine
 from engine.types import Counters, Request
+from tests.support.byte_tokenizer import byte_tokenizer
 
 EOS = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FakePlan:
+    """What admission reads of a memory plan."""
+
+    context_limit: int
 
 
 class FakeDetokenizer:
@@ -34,10 +42,15 @@ class FakeTokenizer:
 
     has_chat_template = True
 
-    def __init__(self, pieces: list[str], thinking: bool = False) -> None:
+    def __init__(self, pieces: list[str], thinking: bool = False, template: Any = None) -> None:
         self.pieces = pieces
         self.eos_token_ids = {EOS}
         self.think_start, self.think_end = ("<think>", "</think>") if thinking else (None, None)
+        self.template = template  # a real tokenizer whose Jinja chat template renders the text
+
+    @property
+    def chat_template(self) -> str | None:
+        return None if self.template is None else str(self.template.chat_template)
 
     def __len__(self) -> int:
         return 1000
@@ -55,9 +68,13 @@ class FakeTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(i) for i in ids)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
-        text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in messages) + "<assistant>"
-        return self.encode(text)
+    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = True,
+                            **kwargs: Any) -> str | list[int]:
+        if self.template is not None:
+            text = self.template.apply_chat_template(messages, tokenize=False, **kwargs)
+        else:
+            text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in messages) + "<assistant>"
+        return self.encode(text) if tokenize else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,21 +148,28 @@ class ScriptedRunner:
 def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | None = None,
                 load_gate: threading.Event | None = None, load_error: str | None = None,
                 max_running: int = 32, capacity: int = 1 << 30, thinking: bool = False,
-                tool_parser: str | None = None) -> tuple[ThreadEngine, list[ScriptedRunner]]:
+                tool_parser: str | None = None, templated: bool = False,
+                context: int | None = None) -> tuple[ThreadEngine, list[ScriptedRunner]]:
+    """`templated`: prompts are rendered by a real Jinja chat template (ChatML, with tools);
+    `context`: the longest prompt + max_tokens a request may use, as a memory plan would say."""
     runners: list[ScriptedRunner] = []
+    template = byte_tokenizer() if templated else None
 
     def load() -> LoadedModel:
         if load_gate is not None:
             load_gate.wait(10)
         if load_error:
             raise RuntimeError(load_error)
-        tokenizer = FakeTokenizer(pieces, thinking)
+        tokenizer = FakeTokenizer(pieces, thinking, template)
         return LoadedModel(model=None, tokenizer=tokenizer, model_id="fake-model", path=Path("."))
 
     def make_core(loaded: LoadedModel, counters: Counters) -> Core:
         runners.append(ScriptedRunner(pieces, step_s, fail_after))
         config = SchedulerConfig(max_running=max_running)
         scheduler = Scheduler(config, frozenset({EOS}))
-        return Core(scheduler, runners[-1], loaded.tokenizer, counters, tool_parser=tool_parser)
+        core = Core(scheduler, runners[-1], loaded.tokenizer, counters, tool_parser=tool_parser)
+        if context is not None:
+            core.memory_plan = FakePlan(context)  # type: ignore[assignment]
+        return core
 
     return ThreadEngine(load, make_core, capacity=capacity), runners
