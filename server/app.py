@@ -33,6 +33,7 @@ from protocols.contract import (
 )
 from server.body import read_body
 from server.config import Config
+from server.connections import OVER_CAPACITY, ConnectionLimit
 from server.metrics import Metrics
 from server.names import ServedNames
 from server.observe import record_of
@@ -116,6 +117,8 @@ class App:
         if scope["method"] == "HEAD":
             send = _without_body(send)
         try:
+            if scope.get(OVER_CAPACITY) and not (match.route is not None and match.route.probe):
+                raise ConnectionLimit("the server is at its connection limit; retry shortly")
             if match.fit is Fit.FULL:
                 assert match.route is not None
                 scope["path_params"] = match.params
@@ -136,7 +139,7 @@ class App:
         self, send: Send, fmt: ErrorFormat, exc: ServeError, extra: list[tuple[bytes, bytes]] | None = None
     ) -> None:
         headers = list(extra or [])
-        if isinstance(exc, QueueFull):
+        if isinstance(exc, QueueFull | ConnectionLimit):
             headers.append((b"retry-after", str(exc.retry_after_s).encode()))
         elif isinstance(exc, EngineUnavailable):
             headers.append((b"retry-after", str(RETRY_AFTER_LOADING_S).encode()))
