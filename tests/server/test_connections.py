@@ -43,8 +43,9 @@ def capped_server(cap: int = CAP) -> Iterator[tuple[str, connections.ConnectionG
     gate = connections.ConnectionGate(cap, app)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
-    thread = threading.Thread(target=loop.run_until_complete,
-                              args=(connections.serve(app, hc, gate, stop.wait),), daemon=True)
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(connections.serve(app, hc, gate, stop.wait),), daemon=True
+    )
     thread.start()
     url = f"http://{hc.bind[0]}"
     deadline = time.monotonic() + 30
@@ -68,8 +69,10 @@ def open_holding(url: str) -> socket.socket:
     """A connection that sends a POST head and one chunk of a chunked body, then nothing."""
     host, port = url.removeprefix("http://").split(":")
     s = socket.create_connection((host, int(port)), timeout=10)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"mes\r\n")
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"mes\r\n'
+    )
     return s
 
 
@@ -99,14 +102,24 @@ def test_past_the_cap_new_connections_get_a_clean_503_and_health_keeps_answering
         holders = [open_holding(url) for _ in range(CAP)]
         wait_for(lambda: gate.open == CAP)
         began = time.monotonic()
-        refused = [raw_request(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                               + str(len(CHAT)).encode() + b"\r\n\r\n" + CHAT) for _ in range(20)]
+        refused = [
+            raw_request(
+                url,
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                + str(len(CHAT)).encode()
+                + b"\r\n\r\n"
+                + CHAT,
+            )
+            for _ in range(20)
+        ]
         health = raw_request(url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         head = raw_request(url, b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
         answered_in = time.monotonic() - began
         for reply in refused:
             assert reply.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in reply.lower()
-            assert b"connection: close" in reply.lower() and b'"error"' in reply and b"connection limit" in reply
+            assert (
+                b"connection: close" in reply.lower() and b'"error"' in reply and b"connection limit" in reply
+            )
         assert health.startswith(b"HTTP/1.1 200 ") and health.endswith(b'{"status":"ok"}')
         assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")
         assert answered_in < 10 and gate.refused == 22 and gate.open == CAP

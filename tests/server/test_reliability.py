@@ -78,7 +78,12 @@ def test_bad_field_is_400_before_admission_and_a_running_stream_is_untouched(
         started = engine.counters.requests_started
         bad = await post(app, "/v1/chat/completions", {"messages": USER, "temperature": 1, **fields})
         after = engine.counters.requests_started - started
-        return bad, await running, await post(app, "/v1/chat/completions", ROUTES["/v1/chat/completions"][0]), after
+        return (
+            bad,
+            await running,
+            await post(app, "/v1/chat/completions", ROUTES["/v1/chat/completions"][0]),
+            after,
+        )
 
     bad, stream, later, admitted = run(go())
     err = error_of(bad, False)
@@ -101,11 +106,20 @@ def test_bad_top_k_is_400_in_every_format(path: str) -> None:
     assert reply.status == 400 and "top_k" in error_of(reply, anthropic)["message"]
 
 
-@pytest.mark.parametrize("hostile", [
-    {"return_tensors": "np"}, {"return_tensors": "pt"}, {"return_tensors": "mlx"},
-    {"truncation": True, "max_length": 2}, {"padding": "max_length", "max_length": 4096},
-    {"tokenize": False}, {"return_dict": True}, {"chat_template": "{{ 1/0 }}"},
-], ids=lambda h: ",".join(h))
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        {"return_tensors": "np"},
+        {"return_tensors": "pt"},
+        {"return_tensors": "mlx"},
+        {"truncation": True, "max_length": 2},
+        {"padding": "max_length", "max_length": 4096},
+        {"tokenize": False},
+        {"return_dict": True},
+        {"chat_template": "{{ 1/0 }}"},
+    ],
+    ids=lambda h: ",".join(h),
+)
 def test_chat_template_kwargs_reach_the_template_as_variables_only(hostile: dict[str, Any]) -> None:
     # Item 2: return_tensors orphaned the request and killed the engine on the next one.
     engine, _ = fake_engine(["a", "b"], templated=True)
@@ -142,23 +156,40 @@ def test_deep_nesting_anywhere_is_400_in_the_routes_envelope(path: str) -> None:
 
 def deep_schema(levels: int) -> str:
     """A JSON schema `levels` JSON objects deep (two per property), as text."""
-    return '{"type": "object", "properties": {"a": ' * (levels // 2) + '{"type": "string"}' + "}}" * (levels // 2)
+    return (
+        '{"type": "object", "properties": {"a": ' * (levels // 2)
+        + '{"type": "string"}'
+        + "}}" * (levels // 2)
+    )
 
 
-@pytest.mark.parametrize(("extra", "levels"), [
-    ("tools", 600),  # item 7: tool parameters through the template's tojson
-    ("tool_choice", 600),  # and through the forced-call grammar
-    ("response_format", 2000),
-])
+@pytest.mark.parametrize(
+    ("extra", "levels"),
+    [
+        ("tools", 600),  # item 7: tool parameters through the template's tojson
+        ("tool_choice", 600),  # and through the forced-call grammar
+        ("response_format", 2000),
+    ],
+)
 def test_deep_schemas_are_400(extra: str, levels: int) -> None:
     engine, _ = fake_engine(["a"], templated=True)
     schema = deep_schema(levels)
     head = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, '
     if extra == "response_format":
-        tail = '"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": ' + schema + "}}}"
+        tail = (
+            '"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": '
+            + schema
+            + "}}}"
+        )
     else:
         tool = '{"type": "function", "function": {"name": "f", "parameters": ' + schema + "}}"
-        tail = '"tools": [' + tool + "]" + (', "tool_choice": "required"' if extra == "tool_choice" else "") + "}"
+        tail = (
+            '"tools": ['
+            + tool
+            + "]"
+            + (', "tool_choice": "required"' if extra == "tool_choice" else "")
+            + "}"
+        )
 
     async def go() -> Reply:
         return await post(await serving(engine), "/v1/chat/completions", (head + tail).encode())
@@ -185,8 +216,13 @@ def test_content_length_over_the_limit_is_413_before_reading_the_body() -> None:
 
     async def go() -> None:
         app = await serving(engine)
-        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
-                 "headers": [(b"content-length", b"10000000000"), (b"content-type", b"application/json")]}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "query_string": b"",
+            "headers": [(b"content-length", b"10000000000"), (b"content-type", b"application/json")],
+        }
         await asyncio.wait_for(app(scope, receive, send), 5)
 
     run(go())
@@ -194,20 +230,25 @@ def test_content_length_over_the_limit_is_413_before_reading_the_body() -> None:
     assert b"10000000000" in sent[1]["body"]
 
 
-@pytest.mark.parametrize(("content_type", "status"), [
-    (None, 200),
-    (b"application/json", 200),
-    (b"application/json; charset=utf-8", 200),
-    (b"application/vnd.api+json", 200),
-    (b"application/x-www-form-urlencoded", 200),  # curl -d's default
-    (b"text/plain;charset=UTF-8", 200),
-    (b"text/html", 415),
-    (b"multipart/form-data; boundary=x", 415),
-    (b"application/xml", 415),
-    (b"application/octet-stream", 415),
-    (b"application/json; charset=utf-16", 415),
-])
-def test_content_type_clearly_not_json_is_415_naming_the_header(content_type: bytes | None, status: int) -> None:
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        (None, 200),
+        (b"application/json", 200),
+        (b"application/json; charset=utf-8", 200),
+        (b"application/vnd.api+json", 200),
+        (b"application/x-www-form-urlencoded", 200),  # curl -d's default
+        (b"text/plain;charset=UTF-8", 200),
+        (b"text/html", 415),
+        (b"multipart/form-data; boundary=x", 415),
+        (b"application/xml", 415),
+        (b"application/octet-stream", 415),
+        (b"application/json; charset=utf-16", 415),
+    ],
+)
+def test_content_type_clearly_not_json_is_415_naming_the_header(
+    content_type: bytes | None, status: int
+) -> None:
     engine, _ = fake_engine(["a"])
     headers = [] if content_type is None else [(b"content-type", content_type)]
 
@@ -219,7 +260,10 @@ def test_content_type_clearly_not_json_is_415_naming_the_header(content_type: by
     chat, messages = run(go())
     assert chat.status == messages.status == status
     if status == 415:
-        assert chat.json()["error"]["param"] == "Content-Type" and "Content-Type" in chat.json()["error"]["message"]
+        assert (
+            chat.json()["error"]["param"] == "Content-Type"
+            and "Content-Type" in chat.json()["error"]["message"]
+        )
         assert messages.json()["type"] == "error" and "Content-Type" in messages.json()["error"]["message"]
 
 
@@ -241,8 +285,13 @@ def test_a_body_that_never_ends_is_408_after_the_body_timeout() -> None:
 
     async def go() -> float:
         app = await serving(engine, body_timeout_s=0.3)
-        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
-                 "headers": []}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "query_string": b"",
+            "headers": [],
+        }
         began = time.monotonic()
         await asyncio.wait_for(app(scope, receive, send), 5)
         return time.monotonic() - began
@@ -257,13 +306,18 @@ def is_complete(reply: Reply, stream: bool, anthropic: bool) -> bool:
     if not stream:
         body = reply.json()
         finished = body.get("stop_reason") or body.get("status") in ("completed", "incomplete")
-        return body.get("error") is None and bool(finished or body.get("choices", [{}])[0].get("finish_reason"))
+        return body.get("error") is None and bool(
+            finished or body.get("choices", [{}])[0].get("finish_reason")
+        )
     text = reply.body.decode()
     if 'data: {"error"' in text or "event: error" in text or "response.failed" in text:
         return False
     last_event = text.rsplit("event: ", 1)[-1].split("\n", 1)[0] if "event: " in text else ""
-    return text.rstrip().endswith("[DONE]") or last_event in ("message_stop", "response.completed",
-                                                              "response.incomplete")
+    return text.rstrip().endswith("[DONE]") or last_event in (
+        "message_stop",
+        "response.completed",
+        "response.incomplete",
+    )
 
 
 @pytest.mark.parametrize("path", list(ROUTES))
