@@ -139,7 +139,7 @@ def test_past_the_cap_new_connections_get_a_clean_503_and_health_keeps_answering
 
 def test_a_trickled_body_is_cut_off_at_the_body_timeout() -> None:
     # One byte every 0.3 s kept a connection for ever (no body-read deadline).
-    with capped_server() as (url, gate):
+    with capped_server() as (url, _gate):
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as s:
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
