@@ -18,7 +18,7 @@ import pytest
 from engine.thread import ThreadEngine
 from server.app import App
 from server.config import Config
-from tests.support.asgi import Reply, call
+from tests.support.asgi import Reply, call, wait_until
 from tests.support.fake_engine import FakeTokenizer, fake_engine
 
 USER = [{"role": "user", "content": "hi"}]
@@ -74,7 +74,7 @@ def test_bad_field_is_400_before_admission_and_a_running_stream_is_untouched(
     async def go() -> tuple[Reply, Reply, Reply, int]:
         app = await serving(engine)
         running = asyncio.create_task(post(app, "/v1/chat/completions", long))
-        await asyncio.sleep(0.02)
+        await wait_until(lambda: engine.counters.requests_started == 1)
         started = engine.counters.requests_started
         bad = await post(app, "/v1/chat/completions", {"messages": USER, "temperature": 1, **fields})
         after = engine.counters.requests_started - started
