@@ -153,7 +153,6 @@ def make_core(
             max_running=settings.max_running,
             max_prefilling=settings.max_prefilling,
             token_budget=settings.token_budget,
-            max_waiting=settings.max_waiting,
             kv_capacity_tokens=plan.kv_capacity_tokens,
             draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0,
         ),

@@ -216,4 +216,4 @@ class EngineClient(abc.ABC):
         """Record what was loaded: the facts for the protocols and the plan for admission."""
         self.gate.plan = plan
         context = plan.context_limit if plan is not None else None
-        self.model = ModelInfo(model_id, ChatTokenizer(tokenizer), context)
+        self.model = ModelInfo(model_id, ChatTokenizer(tokenizer, context), context)

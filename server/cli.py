@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from server.config import Config, load_config
 
@@ -101,10 +101,9 @@ def greeting(config: Config) -> str:
 
 
 async def serve(config: Config) -> None:
-    from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config as HypercornConfig
-    from hypercorn.typing import Framework
 
+    from server import connections
     from server.app import App
     from server.shutdown import Drain
 
@@ -120,7 +119,11 @@ async def serve(config: Config) -> None:
     # Streams get --shutdown-timeout-s to finish (the app then ends them); the margin lets the
     # error frames go out before Hypercorn closes what is left.
     hc.graceful_timeout = config.shutdown_timeout_s + SHUTDOWN_MARGIN_S
+    # No per-read timeout: a stream, or a long JSON answer, reads nothing from its client for
+    # minutes. A body has --body-timeout-s to arrive (the app's), a head --keep-alive-s.
     hc.read_timeout = None
+    hc.h11_max_incomplete_size = hc.h2_max_header_list_size = config.max_header_bytes
+    hc.backlog = min(config.max_connections, 1024)
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     if config.certfile:  # HTTPS; Hypercorn offers ALPN h2 then http/1.1. Plain ports speak h2c too.
@@ -143,8 +146,11 @@ async def serve(config: Config) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     log.info("%s", greeting(config))
+    gate = connections.ConnectionGate(
+        connections.connection_cap(config.max_connections), app, bool(config.certfile)
+    )
     try:
-        await hypercorn_serve(cast("Framework", app), hc, shutdown_trigger=stop.wait)
+        await connections.serve(app, hc, gate, shutdown_trigger=stop.wait)
     finally:
         if trace is not None:
             trace.close()

@@ -12,6 +12,7 @@ from typing import Any
 from engine.build import tool_call_parsers
 
 SECONDS = 1.0
+KIB = 1 << 10
 MIB = 1 << 20
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # mlx_lm.server flags whose behaviour we do not have yet: refused, never ignored.
@@ -55,6 +56,9 @@ class Config:
     kv_bits: int | None = None
     pipeline: bool = False
     max_body_bytes: int = 32 * MIB
+    body_timeout_s: float = 60 * SECONDS
+    max_connections: int = 1024
+    max_header_bytes: int = 16 * KIB
     heartbeat_s: float = 15 * SECONDS
     startup_timeout_s: float = 600 * SECONDS
     keep_alive_s: float = 75 * SECONDS
@@ -163,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kv-bits", type=int, help="KV cache quantization bits (not supported yet)")
     a("--pipeline", action="store_true", help="pipeline parallel (not supported yet)")
     a("--max-body-bytes", type=_parse_size, help="largest request body (32M)")
+    a("--body-timeout-s", type=float, help="seconds a request body may take to arrive, then 408 (60)")
+    a("--max-connections", type=int, help="open connections at most; past it only probes answer (1024)")
+    a("--max-header-bytes", type=_parse_size, help="largest request head, HTTP/1.1 and HTTP/2 (16K)")
     a("--heartbeat-s", type=float, help="seconds between SSE keep-alive comments (15)")
     a("--startup-timeout-s", type=float, help="seconds allowed for model loading (600)")
     a("--keep-alive-s", type=float, help="idle HTTP keep-alive seconds (75)")
@@ -229,7 +236,7 @@ def _read_toml(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
     unknown = sorted(set(values) - known)
     if unknown:
         parser.error(f"--config {path}: unknown settings {', '.join(unknown)}")
-    for key in ("prompt_cache_bytes", "memory_budget_bytes", "max_body_bytes"):
+    for key in ("prompt_cache_bytes", "memory_budget_bytes", "max_body_bytes", "max_header_bytes"):
         if isinstance(values.get(key), str):
             values[key] = _parse_size(values[key])
     if isinstance(values.get("allowed_origins"), str):
@@ -269,3 +276,5 @@ def _check_deploy(cfg: Config, parser: argparse.ArgumentParser) -> None:
         parser.error("--api-key must not be empty")
     if cfg.shutdown_timeout_s < 0:
         parser.error("--shutdown-timeout-s must not be negative")
+    if cfg.max_connections < 1 or cfg.body_timeout_s <= 0 or cfg.max_header_bytes < 1024:
+        parser.error("--max-connections must be >= 1, --body-timeout-s > 0, --max-header-bytes >= 1K")
