@@ -194,6 +194,10 @@ def _byte_level_tokenizer(vocab: GGUFVocab) -> Tokenizer:
     # llama.cpp takes a whole pre-token found in a Llama 3 vocabulary without merging
     model = BPE(ids, merges, fuse_unk=False, byte_fallback=False, ignore_merges=vocab.pre in _LLAMA3_PRE)
     tokenizer = Tokenizer(model)
+    if vocab.pre in _QWEN2_PRE:
+        # Qwen2's own tokenizer.json normalizes to NFC first (a GGUF cannot say so), and
+        # transformers rebuilds a qwen2 folder's tokenizer that way whatever is written here
+        tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = _byte_level_pre_tokenizer(vocab.pre)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer

@@ -46,6 +46,17 @@ TRICKY_STRINGS = (
     "non\u00a0breaking\u200bzero width",
     "<table><tr><td>x</td></tr></table>",
     "$$x^2$$ {{var}} [[link]] <not_a_token>",
+    # code, digits, CJK and the markup a Qwen2.5 chat carries
+    "x = 1234567890 + 3.14e-10; y = 0xFF",
+    "for (int i = 0; i < n; ++i) {\n    sum += a[i] * b[i];\n}",
+    "    def __init__(self):\n        self.x = [1, 2, 3]\n",
+    "中文注释：计算斐波那契数列 // コメント",
+    "I'm sure it's what THEY'LL do, we'd",
+    "<|im_start|>system\nYou are Qwen<|im_end|>\n<|im_start|>user\n",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    '<tools>\n{"type": "function"}\n</tools><|endoftext|>',
+    "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>",
+    "e\u0301 cafe\u0301 [PAD151665]",
 )
 
 
