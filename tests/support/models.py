@@ -1,4 +1,5 @@
-"""Real models for tests: SmolLM2 converted from its GGUF, and a tiny random llama with its tokenizer."""
+"""Real models for tests: SmolLM2 converted from its GGUF, Qwen2.5-Coder from its slice packages, and a
+tiny random llama with SmolLM2's tokenizer."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ import json
 import shutil
 from pathlib import Path
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def smollm_folder(cache: Path) -> Path:
@@ -15,6 +21,14 @@ def smollm_folder(cache: Path) -> Path:
     from engine.loader import default_gguf
 
     return convert_gguf(default_gguf(), cache_root=cache)
+
+
+def qwen_folder(name: str) -> Path:
+    """`--model NAME` (qwen2.5-coder-0.5b or -1.5b) as the server resolves it: joined and converted
+    once into the user cache ($MLX_SERVE_CACHE or ~/.cache/mlx-serve), reused by later runs."""
+    from engine.loader import prepare
+
+    return prepare(name).path
 
 
 def tiny_llama(out: Path, tokenizer_from: Path, *, seed: int = 0) -> Path:
@@ -26,10 +40,19 @@ def tiny_llama(out: Path, tokenizer_from: Path, *, seed: int = 0) -> Path:
     if (out / "model.safetensors").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0,
-              "tie_word_embeddings": True, "max_position_embeddings": 8192}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 49152,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 8192,
+    }
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))
     weights = {k: v * 8 if "embed" in k else v for k, v in tree_flatten(model.parameters())}
