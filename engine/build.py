@@ -6,12 +6,15 @@ Inside, the same pieces for either host: scheduler, runner, prefix cache, core.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.client import EngineClient
 from engine.core import Core
 from engine.loader import LoadedModel, ModelSpec, load_model
 from engine.types import Counters
+
+if TYPE_CHECKING:
+    from engine.shard.group import MemoryAgreement
 
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 
@@ -36,6 +39,7 @@ class EngineSettings:
     )
     draft_spec: ModelSpec | None = None
     tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
+    shard: str | None = None  # "tensor" or "pipeline": one model over an mlx.launch group (engine.shard)
 
     @property
     def capacity(self) -> int:
@@ -82,6 +86,8 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
     from engine.thread import ThreadEngine
 
     settings = replace(settings, draft_spec=source.draft_spec())
+    if settings.shard is not None and source.host == "thread":
+        raise ValueError("a sharded engine runs in its own process (engine.shard); --engine thread cannot")
     if source.host == "thread":
         specs: list[ModelSpec] = []  # resolved on the engine thread, like the weights
 
@@ -111,8 +117,10 @@ def make_core(
     settings: EngineSettings,
     adapter_path: str | None = None,
     draft: LoadedModel | None = None,
+    shard: MemoryAgreement | None = None,
 ) -> Core:
-    """Plan memory (raises InsufficientMemory when nothing fits), then build the core."""
+    """Plan memory (raises InsufficientMemory when nothing fits), then build the core.
+    `shard` (a sharded rank) makes the plan the group's and scales the prefix cache to this rank."""
     from engine.admission import plan_memory, weights_bytes
     from engine.prefix_cache import PrefixCache
     from engine.runner import BatchRunner, Speculation
@@ -129,6 +137,8 @@ def make_core(
         max_running=settings.max_running,
         draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0,
     )
+    if shard is not None:
+        plan = shard.agree(plan)
     print(plan.describe(), flush=True)
     sched = Scheduler(
         SchedulerConfig(
@@ -141,10 +151,11 @@ def make_core(
         ),
         frozenset(loaded.tokenizer.eos_token_ids),
     )
+    prefix_bytes = settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES
     prefix = PrefixCache(
         f"{loaded.model_id}|{adapter_path or ''}",
         max_entries=settings.prompt_cache_size,
-        max_bytes=settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES,
+        max_bytes=shard.prefix_bytes(prefix_bytes) if shard is not None else prefix_bytes,
     )
     speculation = Speculation(
         settings.draft_kind,
@@ -165,6 +176,11 @@ def load_and_build(
 ) -> tuple[Core, dict[str, Any]]:
     """The engine process's whole start: load weights, build the core, describe the setup."""
     import mlx.core as mx
+
+    if settings.shard is not None:
+        from engine.shard.leader import load_and_build_leader
+
+        return load_and_build_leader(counters, spec, settings)
 
     if settings.seed is not None:
         mx.random.seed(settings.seed)

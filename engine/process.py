@@ -197,12 +197,24 @@ class ProcessEngine(EngineClient):
                 self.on_fatal(message.error)
 
     def _on_death(self, child: _Child, exitcode: int | None) -> None:
+        shard = self.info.get("shard") if child is self._child else None
+        message = f"the engine process died (exit code {exitcode}); it is restarting"
+        if shard is not None:  # one rank of a group cannot rejoin it: the group restarts whole
+            from engine.shard import group_lost_message
+
+            message = group_lost_message(exitcode, shard["mode"], shard["size"])
         for request_id, stream in child.streams.items():
-            stream.push(
-                request_id, EngineFailed(f"the engine process died (exit code {exitcode}); it is restarting")
-            )
+            stream.push(request_id, EngineFailed(message))
         child.streams.clear()
         if self._stopping or child is not self._child or self.state is EngineState.FAILED:
+            return
+        if shard is not None:
+            from engine.shard import GROUP_LOST_GRACE_S
+
+            log.error("%s", message)
+            self.state, self.error = EngineState.FAILED, message
+            if self.on_fatal is not None and self._loop is not None:  # /health says 503 a while, then exit
+                self._loop.call_later(GROUP_LOST_GRACE_S, self.on_fatal, message)
             return
         log.error("engine process %s died with exit code %s; restarting", child.pid, exitcode)
         self.restarts += 1
@@ -220,11 +232,11 @@ def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...]) -> None:
         core, info = build(counters, *build_args)
     except Exception as exc:  # noqa: BLE001 - told to the parent, which reports it on /health
         from engine.admission import InsufficientMemory
+        from engine.shard import ShardRefused
         from engine.speculation.verify import DraftMismatch
 
-        conn.send(
-            LoadFailed(f"{type(exc).__name__}: {exc}", isinstance(exc, InsufficientMemory | DraftMismatch))
-        )
+        fatal = isinstance(exc, InsufficientMemory | DraftMismatch | ShardRefused)
+        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}", fatal))
         return
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
     outbox: list[tuple[str, Event | ServeError]] = []
