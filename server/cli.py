@@ -32,6 +32,13 @@ def main(argv: list[str] | None = None) -> None:
     prefer_shape_free_attention()  # before the BLAS re-exec, which passes the environment on
     reexec_with_blas(config.blas)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.shard is not None:
+        from engine.shard.group import launch_rank
+
+        if launch_rank() not in (None, 0):  # a follower rank: no HTTP, rank 0's steps until the group ends
+            from engine.shard.follower import serve_follower
+
+            sys.exit(serve_follower(engine_settings(config), model_source(config)))
     try:
         asyncio.run(serve(config))
     except KeyboardInterrupt:
@@ -55,6 +62,7 @@ def engine_settings(config: Config) -> EngineSettings:
         num_draft_tokens=config.num_draft_tokens,
         speculation_gated=config.speculation_gate == "auto",
         tool_call_parser=config.tool_call_parser,
+        shard=config.shard,
     )
 
 
