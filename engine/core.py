@@ -31,8 +31,6 @@ from engine.types import (
 
 log = logging.getLogger("mlx_serve.engine")
 
-IDLE_TICK_S = 1.0  # while idle, on_idle (if set) runs about this often
-
 
 class PrefixLookup(Protocol):
     def lookup(self, tokens: tuple[int, ...]) -> tuple[list[Any] | None, int]: ...
@@ -158,7 +156,6 @@ class Core:
         self._constraints: dict[str, Any] = {}  # grammar state of constrained requests, by id
         self._grammar_tokenizer: Any = None  # built on the first constrained request
         self.memory_plan: Any = None  # the admission plan this core was sized by, if any
-        self.on_idle: Callable[[], None] | None = None  # a sharded rank 0 checks its group (engine.shard)
         scheduler.cached_prefix = self._lookup_prefix
 
     def _lookup_prefix(self, request: Request) -> int:
@@ -177,10 +174,8 @@ class Core:
             block = not self.scheduler.has_work
             while True:
                 try:
-                    item = inbox.get(block=block, timeout=IDLE_TICK_S if block and self.on_idle else None)
+                    item = inbox.get(block=block)
                 except queue.Empty:
-                    if block and self.on_idle is not None:
-                        self.on_idle()
                     break
                 if item is None:
                     return

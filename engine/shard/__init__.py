@@ -8,7 +8,8 @@ Every rank holds its shard of the weights and KV (tensor: 1/N of each layer's he
 through mlx-lm's `model.shard(group)`; pipeline: 1/N of the layers through
 `model.model.pipeline(group)`) and the same runner, prefix cache and samplers, built by the same
 `engine.build.make_core`. Modules: `load` (the shard), `group` (joining, the start handshake,
-the memory agreement), `channel` (the step messages), `leader` (rank 0), `follower` (the rest).
+the memory agreement), `watch` (liveness), `channel` (the step messages), `rank` (the start
+every rank makes), `leader` (rank 0), `follower` (the rest).
 
 The step. Rank 0's core runs `plan = scheduler.schedule()` as ever; its runner is a
 `LeaderRunner`, which publishes a `Step` before running it: the requests admitted this step
@@ -37,14 +38,16 @@ ranks all_gather (KV capacity, context limit) and all use the least, so rank 0's
 scheduler never admit what another rank cannot hold. Each rank's prefix-cache byte cap is
 scaled by its share of the KV per token, so every rank evicts the same entries.
 
-Liveness: while idle, rank 0 publishes a `Tick` every second. A collective that fails ("[ring]
-connection to a peer was lost") means a rank is gone: rank 0's engine process exits with
-GROUP_LOST_EXIT, the server marks the engine failed without restarting it (one rank cannot
-rejoin a group) and /health answers 503 with the reason for GROUP_LOST_GRACE_S, then the server
-exits 1; followers exit on the same error. So the group restarts whole: mlx.launch stops every
-rank as soon as one exits non-zero (a service manager restarts mlx.launch), and ranks started as
-one service per machine are each restarted by theirs and meet again (a rank waits up to ten
-minutes for the others).
+Liveness: MLX's collectives do not report a lost peer dependably (a ring graph of a few
+collectives hangs the survivor; JACCL never notices), so each follower holds a plain TCP
+connection to rank 0 that carries nothing; the kernel ends it when a process dies (keepalive,
+when a machine vanishes). When any ends, the rank that sees it exits with GROUP_LOST_EXIT, stuck
+collective or not (`watch`). On rank 0 that is the engine process: the server marks the engine
+failed without restarting it (one rank cannot rejoin a group), /health answers 503 with the
+reason for GROUP_LOST_GRACE_S, then the server exits 1. So the group restarts whole: mlx.launch
+stops every rank as soon as one exits non-zero (a service manager restarts mlx.launch), and
+ranks started as one service per machine are each restarted by theirs and meet again (a rank
+waits up to ten minutes for the others).
 
 Exactness: pipeline sharding computes each layer as one process does, so greedy output equals
 single-process output bit for bit. Tensor sharding splits the dot products of o_proj and
@@ -52,7 +55,7 @@ down_proj into N partial sums that all_sum adds: logits differ from one process'
 bits (about 2e-6 on a random float32 model), so greedy tokens match unless two logits are that
 close.
 
-Not handled: a rank that hangs instead of dying (nothing times out a collective); a fault on
+Not handled: a rank that hangs instead of dying (its connection stays up); a fault on
 one rank only, mid-step (collectives mismatch; the checksum catches it a step later at best);
 MPI (rank 0's engine runs in a child process, which cannot join an MPI world); LoRA adapters.
 """

@@ -41,12 +41,7 @@ class Reset:
     """Rank 0's runner forgot every row (after a fault): forget them too."""
 
 
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """Nothing to do: rank 0 checks that every rank is still there."""
-
-
-Message = Step | Reset | Tick
+Message = Step | Reset
 
 
 def checksum(out: StepOutput) -> int:

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from engine.shard import GROUP_LOST_EXIT
-from engine.shard.channel import Admit, Channel, Message, Reset, Step, Tick, checksum
+from engine.shard.channel import Admit, Channel, Message, Reset, Step, checksum
 from engine.types import Counters
 
 if TYPE_CHECKING:
@@ -33,8 +33,6 @@ class Follower:
         self.steps = 0
 
     def handle(self, message: Message) -> None:
-        if isinstance(message, Tick):
-            return
         if isinstance(message, Reset):
             self._checksum = None
             self.runner.reset()

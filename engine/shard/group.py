@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -34,6 +35,19 @@ def backend_from_env() -> str:
     if os.environ.get("NCCL_HOST_IP"):
         return "nccl"
     return "any"
+
+
+def leader_address() -> str:
+    """Where the other ranks reach rank 0, from what mlx.launch prepared for the backend."""
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    if hostfile and Path(hostfile).is_file():
+        hosts = json.loads(Path(hostfile).read_text())  # ring: [["ip:port", ...], ...] by rank
+        if isinstance(hosts, list) and hosts and hosts[0]:
+            return str(hosts[0][0]).rsplit(":", 1)[0]
+    coordinator = os.environ.get("MLX_JACCL_COORDINATOR")
+    if coordinator:
+        return coordinator.rsplit(":", 1)[0]
+    return os.environ.get("NCCL_HOST_IP") or "127.0.0.1"
 
 
 def join_group(timeout_s: float = JOIN_TIMEOUT_S) -> Any:
@@ -90,17 +104,18 @@ def fingerprint(settings: Any, model_path: Path) -> int:
     return zlib.crc32(repr(replace(settings, seed=None)).encode() + config)
 
 
-def handshake(group: Any, settings: Any, model_path: Path) -> int:
-    """Check that every rank runs the same settings and model; return the seed all ranks use."""
+def handshake(group: Any, settings: Any, model_path: Path, watch_port: int) -> tuple[int, int]:
+    """Check that every rank runs the same settings and model; rank 0's random seed (which every
+    rank uses) and the port of its liveness listener (engine.shard.watch)."""
     mine = settings.seed if settings.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
-    rows = gather_ints(group, [fingerprint(settings, model_path), mine])
-    odd = [rank for rank, (fp, _) in enumerate(rows) if fp != rows[0][0]]
+    rows = gather_ints(group, [fingerprint(settings, model_path), mine, watch_port])
+    odd = [rank for rank, row in enumerate(rows) if row[0] != rows[0][0]]
     if odd:
         raise ShardRefused(
             f"ranks {odd} run other settings or another model than rank 0: start every rank with the "
             "same flags and the same model"
         )
-    return rows[0][1]
+    return rows[0][1], rows[0][2]
 
 
 @dataclass(slots=True)

@@ -1,11 +1,10 @@
 """Tier 1: sharded serving's pieces without a group: the step channel's framing, rank 0's runner
 and a follower mirroring it, the shardability checks, the memory agreement's arithmetic, the
-core's idle seam and the process host's no-restart rule. Two real ranks: tests/e2e."""
+liveness watch and the process host's no-restart rule. Two real ranks: tests/e2e."""
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 
 from engine.scheduler import PrefillChunk, StepOutput, StepPlan
 from engine.shard import GROUP_LOST_EXIT, ShardMode, ShardRefused, group_lost_message
-from engine.shard.channel import HEADER_BYTES, Admit, Channel, Message, Reset, Step, Tick, checksum
+from engine.shard.channel import HEADER_BYTES, Admit, Channel, Message, Reset, Step, checksum
 from engine.shard.follower import Diverged, Follower
 from engine.shard.leader import LeaderRunner
 from engine.types import Request
@@ -124,18 +123,30 @@ def test_follower_whose_prefix_cache_disagrees_leaves_the_group() -> None:
         follower.handle(step)
 
 
-def test_leader_ticks_only_when_idle_long_enough_and_reports_a_lost_rank() -> None:
-    channel, lost = ListChannel(), []
+def test_leader_reports_a_lost_rank_the_ring_noticed() -> None:
+    channel, lost = ListChannel(broken=True), []
     leader, _ = _leader(channel, lost)
-    leader.idle()
-    assert channel.sent == []  # it has just started: nothing to check yet
-    leader._sent_at -= 2.0
-    leader.idle()
-    assert channel.sent == [Tick()]
-    channel.broken = True
     with pytest.raises(RuntimeError):
         leader.step(_plan("a"))
     assert lost == ["[ring] connection to a peer was lost"]
+
+
+def test_watch_sees_a_peer_process_end() -> None:
+    from engine.shard import watch
+
+    server = watch.listen("127.0.0.1")
+    port = server.getsockname()[1]
+    follower = threading.Thread(target=lambda: conns.append(watch.connect_leader("127.0.0.1", port, 1)))
+    conns: list[Any] = []
+    follower.start()
+    peers = watch.accept_followers(server, 1)
+    follower.join(5)
+    lost: list[str] = []
+    done = threading.Event()
+    watch.watch(peers, lambda why: (lost.append(why), done.set()))
+    assert not done.wait(0.2)  # a live peer sends nothing and is left alone
+    conns[0].close()  # what the kernel does when the follower's process dies
+    assert done.wait(5) and lost == ["rank 1's connection closed"]
 
 
 def _llama(heads: int, kv_heads: int) -> Any:
@@ -184,25 +195,6 @@ def test_prefix_cache_cap_scales_with_this_ranks_kv_so_ranks_evict_alike() -> No
 def test_group_lost_message_names_the_cause() -> None:
     assert "a rank left the group" in group_lost_message(GROUP_LOST_EXIT, "tensor", 2)
     assert "exit code -9" in group_lost_message(-9, "pipeline", 2)
-
-
-def test_core_calls_on_idle_while_it_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.core
-    from engine.scheduler import Scheduler, SchedulerConfig
-    from engine.types import Counters
-    from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
-
-    monkeypatch.setattr(engine.core, "IDLE_TICK_S", 0.01)
-    core = engine.core.Core(Scheduler(SchedulerConfig(), frozenset({EOS})), ScriptedRunner(["a"]),
-                            FakeTokenizer(["a"]), Counters())
-    ticks = threading.Semaphore(0)
-    core.on_idle = ticks.release
-    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    loop = threading.Thread(target=core.serve, args=(inbox,))
-    loop.start()
-    assert all(ticks.acquire(timeout=5) for _ in range(3))
-    inbox.put(None)
-    loop.join(5)
 
 
 def test_sharded_engine_process_that_dies_is_not_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
