@@ -39,3 +39,28 @@ def tiny_llama(out: Path, tokenizer_from: Path, *, seed: int = 0) -> Path:
         if (tokenizer_from / name).exists():
             shutil.copy(tokenizer_from / name, out / name)
     return out
+
+
+def shardable_model(out: Path, tokenizer_from: Path, *, seed: int = 0) -> Path:
+    """A 4-layer random-weight qwen2 (float32, untied head) that mlx-lm can shard both ways over
+    2 ranks (4 heads / 2 KV heads; pipeline support). Its greedy text wanders instead of echoing."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen2
+
+    if (out / "model.safetensors").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-6, "vocab_size": 49152, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "max_position_embeddings": 8192,
+              "eos_token_id": 2}
+    mx.random.seed(seed)
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (out / "config.json").write_text(json.dumps(config))
+    for name in TOKENIZER_FILES:
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, out / name)
+    return out
