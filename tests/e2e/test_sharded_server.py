@@ -10,6 +10,7 @@ and 3 KV heads, which do not split in two, and mlx-lm's llama has no pipeline st
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -85,6 +86,27 @@ def test_sharded_greedy_equals_single_process_alone(group: ShardedGroup,
     client = _client(group)
     for i in range(len(QUESTIONS)):
         assert _ask(client, i) == expected[i]
+    again = client.chat.completions.create(model="default", messages=_messages(0),  # type: ignore[arg-type]
+                                           max_tokens=MAX_TOKENS[0], temperature=0)
+    assert again.choices[0].message.content == expected[0][0]
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert (again.usage.prompt_tokens_details.cached_tokens or 0) > 0  # every rank's prefix cache hit
+
+
+def test_sharded_sampling_and_grammar_agree_across_ranks(group: ShardedGroup) -> None:
+    """Ranks that sampled or masked differently would fail the group (the step checksum)."""
+    client = _client(group)
+    client.chat.completions.create(model="default", messages=_messages(1),  # type: ignore[arg-type]
+                                   max_tokens=12, temperature=1.0, n=2)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    r = client.chat.completions.create(model="default", messages=_messages(3),  # type: ignore[arg-type]
+                                       max_tokens=24, temperature=0,
+                                       response_format={"type": "json_schema",  # type: ignore[typeddict-item]
+                                                        "json_schema": {"name": "a", "schema": schema}})
+    assert re.match(r'\{\s*"a"\s*:\s*-?\d', r.choices[0].message.content or "")  # (a random model's number runs on)
+    assert httpx.get(group.url + "/health", timeout=5).status_code == 200
+    assert httpx.get(group.url + "/stats", timeout=5).json()["requests_failed"] == 0
 
 
 def test_sharded_greedy_equals_single_process_with_concurrent_clients(
