@@ -108,7 +108,7 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
         view = LoadedModel(model=None, tokenizer=load_tokenizer(spec), model_id=spec.model_id, path=spec.path)
         return view, (load_and_build, (spec, settings))
 
-    return ProcessEngine(prepare, capacity=settings.capacity)
+    return ProcessEngine(prepare, capacity=settings.capacity, restartable=settings.shard is None)
 
 
 def make_core(

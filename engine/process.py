@@ -76,9 +76,15 @@ class _Child:
 class ProcessEngine(EngineClient):
     """The model in a restartable child process; the tokenizer stays here for the protocols."""
 
-    def __init__(self, prepare: Callable[[], tuple[Any, tuple[Any, ...]]], capacity: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        prepare: Callable[[], tuple[Any, tuple[Any, ...]]],
+        capacity: int = 1 << 30,
+        restartable: bool = True,  # False: a rank of a sharded group (engine.shard), which restarts whole
+    ) -> None:
         super().__init__(capacity)
         self._prepare = prepare
+        self.restartable = restartable
         self._prepared: Any = None  # model_id and tokenizer, known before the child is up
         self._child_args: tuple[Any, ...] = ()
         self.restarts = 0
@@ -197,18 +203,18 @@ class ProcessEngine(EngineClient):
                 self.on_fatal(message.error)
 
     def _on_death(self, child: _Child, exitcode: int | None) -> None:
-        shard = self.info.get("shard") if child is self._child else None
         message = f"the engine process died (exit code {exitcode}); it is restarting"
-        if shard is not None:  # one rank of a group cannot rejoin it: the group restarts whole
+        if not self.restartable:  # one rank of a group cannot rejoin it: the group restarts whole
             from engine.shard import group_lost_message
 
-            message = group_lost_message(exitcode, shard["mode"], shard["size"])
+            shard = self.info.get("shard") or {}
+            message = group_lost_message(exitcode, shard.get("mode", ""), shard.get("size", 0))
         for request_id, stream in child.streams.items():
             stream.push(request_id, EngineFailed(message))
         child.streams.clear()
         if self._stopping or child is not self._child or self.state is EngineState.FAILED:
             return
-        if shard is not None:
+        if not self.restartable:
             from engine.shard import GROUP_LOST_GRACE_S
 
             log.error("%s", message)

@@ -81,12 +81,13 @@ class ShardRefused(Exception):
 
 
 def group_lost_message(exitcode: int | None, mode: str, size: int) -> str:
-    """What /health says once rank 0's engine process of a `size`-rank group has ended."""
+    """What /health says once rank 0's engine process of a `size`-rank group (0: the group was
+    still forming) has ended."""
     if exitcode == GROUP_LOST_EXIT:
         cause = "a rank left the group (its connection was lost)"
     else:
         cause = f"rank 0's engine process died (exit code {exitcode})"
+    group = f"{mode}, {size} ranks" if size else "while the group was forming"
     return (
-        f"sharded engine ({mode}, {size} ranks) is down: {cause}; a sharded group restarts only "
-        "whole (restart mlx.launch)"
+        f"sharded engine ({group}) is down: {cause}; a sharded group restarts only whole (restart every rank)"
     )

@@ -195,6 +195,7 @@ def test_prefix_cache_cap_scales_with_this_ranks_kv_so_ranks_evict_alike() -> No
 def test_group_lost_message_names_the_cause() -> None:
     assert "a rank left the group" in group_lost_message(GROUP_LOST_EXIT, "tensor", 2)
     assert "exit code -9" in group_lost_message(-9, "pipeline", 2)
+    assert "while the group was forming" in group_lost_message(1, "", 0)
 
 
 def test_sharded_engine_process_that_dies_is_not_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,7 +206,7 @@ def test_sharded_engine_process_that_dies_is_not_restarted(monkeypatch: pytest.M
     monkeypatch.setattr(engine.shard, "GROUP_LOST_GRACE_S", 0.0)
 
     async def scenario() -> tuple[ProcessEngine, list[str]]:
-        engine_ = ProcessEngine(lambda: (None, ()))
+        engine_ = ProcessEngine(lambda: (None, ()), restartable=False)
         engine_._loop = asyncio.get_running_loop()
         engine_._child = child = _Child(process=None, conn=None)
         engine_.info = {"shard": {"mode": "tensor", "size": 2}}
