@@ -8,12 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
-from tests.support.server_proc import ROOT, free_port
+from tests.support.server_proc import ROOT, free_port, wait_healthy
 
 
 def free_port_pair() -> int:
@@ -66,19 +63,10 @@ class ShardedGroup:
                                            start_new_session=True))
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in self.procs):
-                self.close()
-                raise RuntimeError(f"a rank exited during start:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.close()
-        raise RuntimeError(f"sharded server not ready in {timeout_s}s:\n{self.log()}")
+        why = wait_healthy(self.url, lambda: any(p.poll() is not None for p in self.procs), timeout_s)
+        if why is not None:
+            self.close()
+            raise RuntimeError(f"sharded server not ready ({why}):\n{self.log()}")
 
     def log(self) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')}" for p in sorted(self.log_dir.glob("*.log")))
