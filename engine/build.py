@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.client import EngineClient
 from engine.core import Core
 from engine.loader import LoadedModel, ModelSpec, load_model
 from engine.types import Counters
+
+if TYPE_CHECKING:
+    from engine.shard.group import MemoryAgreement
 
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the server's and the engine's
@@ -55,6 +58,7 @@ class EngineSettings:
     )
     draft_spec: ModelSpec | None = None
     tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
+    shard: str | None = None  # "tensor" or "pipeline": one model over an mlx.launch group (engine.shard)
 
     @property
     def capacity(self) -> int:
@@ -101,6 +105,8 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
     from engine.thread import ThreadEngine
 
     settings = replace(settings, draft_spec=source.draft_spec())
+    if settings.shard is not None and source.host == "thread":
+        raise ValueError("a sharded engine runs in its own process (engine.shard); --engine thread cannot")
     if source.host == "thread":
         specs: list[ModelSpec] = []  # resolved on the engine thread, like the weights
 
@@ -120,7 +126,7 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
         spec = source.model_spec()
         return ChildPlan(spec.model_id, load_and_build, (spec, settings), lambda: load_tokenizer(spec))
 
-    return ProcessEngine(prepare, capacity=settings.capacity)
+    return ProcessEngine(prepare, capacity=settings.capacity, restartable=settings.shard is None)
 
 
 def make_core(
@@ -129,8 +135,10 @@ def make_core(
     settings: EngineSettings,
     adapter_path: str | None = None,
     draft: LoadedModel | None = None,
+    shard: MemoryAgreement | None = None,
 ) -> Core:
-    """Plan memory (raises InsufficientMemory when nothing fits), then build the core."""
+    """Plan memory (raises InsufficientMemory when nothing fits), then build the core.
+    `shard` (a sharded rank) makes the plan the group's and scales the prefix cache to this rank."""
     from engine.admission import plan_memory, weights_bytes
     from engine.prefix_cache import PrefixCache
     from engine.runner import BatchRunner, Speculation
@@ -147,6 +155,8 @@ def make_core(
         max_running=settings.max_running,
         draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0,
     )
+    if shard is not None:
+        plan = shard.agree(plan)
     log.info("%s", plan.describe())
     sched = Scheduler(
         SchedulerConfig(
@@ -158,10 +168,11 @@ def make_core(
         ),
         frozenset(loaded.tokenizer.eos_token_ids),
     )
+    prefix_bytes = settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES
     prefix = PrefixCache(
         f"{loaded.model_id}|{adapter_path or ''}",
         max_entries=settings.prompt_cache_size,
-        max_bytes=settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES,
+        max_bytes=shard.prefix_bytes(prefix_bytes) if shard is not None else prefix_bytes,
     )
     speculation = Speculation(
         settings.draft_kind,
@@ -182,6 +193,11 @@ def load_and_build(
 ) -> tuple[Core, dict[str, Any]]:
     """The engine process's whole start: load weights, build the core, describe the setup."""
     import mlx.core as mx
+
+    if settings.shard is not None:
+        from engine.shard.leader import load_and_build_leader
+
+        return load_and_build_leader(counters, spec, settings)
 
     if settings.seed is not None:
         mx.random.seed(settings.seed)

@@ -87,9 +87,15 @@ class _Child:
 class ProcessEngine(EngineClient):
     """The model in a restartable child process; the tokenizer stays here for the protocols."""
 
-    def __init__(self, prepare: Callable[[], ChildPlan], capacity: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        prepare: Callable[[], ChildPlan],
+        capacity: int = 1 << 30,
+        restartable: bool = True,  # False: a rank of a sharded group (engine.shard), which restarts whole
+    ) -> None:
         super().__init__(capacity)
         self._prepare = prepare
+        self.restartable = restartable
         self._plan: ChildPlan | None = None
         self._tokenizer: Any = None
         self._ready_info: dict[str, Any] | None = None  # the child is up; the tokenizer may not be
@@ -243,12 +249,24 @@ class ProcessEngine(EngineClient):
             self._load_failed(message.error)
 
     def _on_death(self, child: _Child, exitcode: int | None) -> None:
+        message = f"the engine process died (exit code {exitcode}); it is restarting"
+        if not self.restartable:  # one rank of a group cannot rejoin it: the group restarts whole
+            from engine.shard import group_lost_message
+
+            shard = self.info.get("shard") or {}
+            message = group_lost_message(exitcode, shard.get("mode", ""), shard.get("size", 0))
         for request_id, stream in child.streams.items():
-            stream.push(
-                request_id, EngineFailed(f"the engine process died (exit code {exitcode}); it is restarting")
-            )
+            stream.push(request_id, EngineFailed(message))
         child.streams.clear()
         if self._stopping or child is not self._child or self.state is EngineState.FAILED:
+            return
+        if not self.restartable:
+            from engine.shard import GROUP_LOST_GRACE_S
+
+            log.error("%s", message)
+            self.state, self.error = EngineState.FAILED, message
+            if self.on_fatal is not None and self._loop is not None:  # /health says 503 a while, then exit
+                self._loop.call_later(GROUP_LOST_GRACE_S, self.on_fatal, message)
             return
         log.error("engine process %s died with exit code %s; restarting", child.pid, exitcode)
         self.restarts += 1

@@ -31,8 +31,14 @@ def main(argv: list[str] | None = None) -> None:
     from engine.build import LOG_FORMAT, prepare_process
 
     prepare_process(config.blas)
-
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    if config.shard is not None:
+        from engine.shard.group import launch_rank
+
+        if launch_rank() not in (None, 0):  # a follower rank: no HTTP, rank 0's steps until the group ends
+            from engine.shard.follower import serve_follower
+
+            sys.exit(serve_follower(engine_settings(config), model_source(config)))
     try:
         asyncio.run(serve(config))
     except KeyboardInterrupt:
@@ -59,6 +65,7 @@ def engine_settings(config: Config) -> EngineSettings:
         num_draft_tokens=config.num_draft_tokens,
         speculation_gated=config.speculation_gate == "auto",
         tool_call_parser=config.tool_call_parser,
+        shard=config.shard,
     )
 
 

@@ -16,7 +16,8 @@ KIB = 1 << 10
 MIB = 1 << 20
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # mlx_lm.server flags whose behaviour we do not have yet: refused, never ignored.
-NOT_YET = ("kv_bits", "pipeline")
+NOT_YET = ("kv_bits",)
+SHARD_MODES = ("tensor", "pipeline")
 DRAFT_KINDS = ("ngram", "draft")
 SPECULATION_GATES = ("auto", "off")
 
@@ -54,7 +55,8 @@ class Config:
     draft_kind: str | None = None
     speculation_gate: str = "auto"
     kv_bits: int | None = None
-    pipeline: bool = False
+    shard: str | None = None  # "tensor" or "pipeline" across an mlx.launch group (engine.shard)
+    pipeline: bool = False  # mlx_lm.server's flag: the same as shard = "pipeline"
     max_body_bytes: int = 32 * MIB
     body_timeout_s: float = 60 * SECONDS
     max_connections: int = 1024
@@ -165,7 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
         "off: speculate on every step where a row has drafts (auto)",
     )
     a("--kv-bits", type=int, help="KV cache quantization bits (not supported yet)")
-    a("--pipeline", action="store_true", help="pipeline parallel (not supported yet)")
+    a(
+        "--shard",
+        choices=SHARD_MODES,
+        help="serve one model from every rank of an mlx.launch group: tensor (each rank holds a slice "
+        "of every layer) or pipeline (each rank holds some layers). Default: off",
+    )
+    a("--pipeline", action="store_true", help="the same as --shard pipeline (mlx_lm.server's flag)")
     a("--max-body-bytes", type=_parse_size, help="largest request body (32M)")
     a("--body-timeout-s", type=float, help="seconds a request body may take to arrive, then 408 (60)")
     a("--max-connections", type=int, help="open connections at most; past it only probes answer (1024)")
@@ -267,6 +275,27 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
             f"--tool-call-parser {cfg.tool_call_parser!r} is not one of {', '.join(tool_call_parsers())}"
         )
     _check_deploy(cfg, parser)
+    _check_shard(cfg, parser)
+
+
+def _check_shard(cfg: Config, parser: argparse.ArgumentParser) -> None:
+    if cfg.pipeline:
+        if cfg.shard not in (None, "pipeline"):
+            parser.error(f"--pipeline means --shard pipeline; it cannot be combined with --shard {cfg.shard}")
+        cfg.shard = "pipeline"
+    if cfg.shard is None:
+        return
+    if cfg.shard not in SHARD_MODES:
+        parser.error(f"--shard must be one of {', '.join(SHARD_MODES)}")
+    clashes = {
+        "--draft-model": cfg.draft_model,
+        "--draft-kind": cfg.draft_kind,
+        "--adapter-path": cfg.adapter_path,
+        "--engine thread": cfg.engine == "thread",
+    }
+    for flag, value in clashes.items():
+        if value:
+            parser.error(f"{flag} cannot be combined with --shard (see README: Sharding)")
 
 
 def _check_deploy(cfg: Config, parser: argparse.ArgumentParser) -> None:
