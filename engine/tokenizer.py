@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
+from jinja2 import Environment, TemplateError, meta
+
 from engine import templating
+
+# How a model whose chat template knows no tools learns of them: a system section in the hermes
+# markup the engine parses when the template names no other (engine.tools.formats.HERMES).
+TOOLS_HEADER = (
+    "# Tools\n\n"
+    "You may call functions to help with the user's request. Their signatures, as JSON, are "
+    "inside <tools></tools>:\n<tools>\n"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\n"
+    "To call a function, write a JSON object with its name and arguments inside "
+    "<tool_call></tool_call> tags, one call per pair of tags:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <arguments-json-object>}\n</tool_call>\n'
+    "The results come back inside <tool_response></tool_response> tags."
+)
 
 
 class ChatTokenizer:
@@ -31,6 +50,16 @@ class ChatTokenizer:
     def has_chat_template(self) -> bool:
         return bool(self._wrapper.has_chat_template)
 
+    @functools.cached_property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders `tools` itself; without, `render_chat` describes
+        them in a system message and writes past calls and results as hermes markup."""
+        if getattr(self._wrapper, "_chat_template", None) is not None:
+            return True  # a custom renderer: it takes `tools`, we cannot look inside
+        if not self.has_chat_template:
+            return False
+        return template_uses_tools(getattr(self._wrapper, "chat_template", None))
+
     def encode(self, text: str) -> list[int]:
         """Raw text prompt: BOS added when the tokenizer's config says so."""
         return templating.encode_within(self._wrapper, text, self.max_prompt_tokens)
@@ -50,10 +79,13 @@ class ChatTokenizer:
     ) -> list[int]:
         """Apply the chat template (with a generation prompt) and tokenize.
 
+        A template without tool support still gets the tools (see `supports_tools`).
         Raises ValueError with the template's own message when it rejects the conversation
         (or runs past its bounds); only template variables of `template_kwargs` reach it.
         """
         kwargs = dict(template_kwargs or {})  # the protocols merge the server's defaults in
+        if not self.supports_tools:
+            messages, tools = with_tools_described(messages, tools), None
         if not self.has_chat_template:
             return self.encode(_plain_transcript(messages))
         text = templating.render(self._wrapper, messages, tools, kwargs)
@@ -62,6 +94,60 @@ class ChatTokenizer:
     def detokenizer(self) -> Any:
         """A fresh streaming detokenizer (UTF-8 safe: holds back partial characters)."""
         return self._wrapper.detokenizer
+
+
+def template_uses_tools(template: Any) -> bool:
+    """Whether a Jinja chat template (or any of a named set of them) reads `tools`."""
+    if isinstance(template, dict):
+        return any(template_uses_tools(t) for t in template.values())
+    if not isinstance(template, str):
+        return False
+    try:
+        return "tools" in meta.find_undeclared_variables(Environment().parse(template))
+    except TemplateError:
+        return "tools" in template
+
+
+def with_tools_described(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """The conversation for a template that knows no tools: the tools as a system section,
+    past calls as <tool_call> markup in the assistant's text, results as <tool_response>
+    blocks in a user turn (consecutive results in one)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            block = f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"
+            if out and out[-1].get("tool_results"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "tool_results": True})
+        elif role == "assistant" and message.get("tool_calls"):
+            out.append(_calls_as_text(message))
+        else:
+            out.append(dict(message))
+    for message in out:
+        message.pop("tool_results", None)
+    if tools:
+        section = TOOLS_HEADER + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + TOOLS_FOOTER
+        if out and out[0].get("role") == "system":
+            head = out[0].get("content") or ""
+            out[0] = {**out[0], "content": f"{head}\n\n{section}" if head else section}
+        else:
+            out.insert(0, {"role": "system", "content": section})
+    return out
+
+
+def _calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    parts = [message.get("content") or ""]
+    for call in message["tool_calls"]:
+        function = call.get("function", call)
+        body = {"name": function.get("name"), "arguments": function.get("arguments", {})}
+        parts.append(f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>")
+    out = {k: v for k, v in message.items() if k != "tool_calls"}
+    out["content"] = "\n".join(p for p in parts if p)
+    return out
 
 
 def _plain_transcript(messages: list[dict[str, Any]]) -> str:

@@ -3,233 +3,85 @@
 The conversation becomes the message dicts chat templates understand (see `conversation`):
 `system` and system-role messages one leading system message, tool_use blocks assistant
 `tool_calls`, tool_result blocks `tool` messages, prior-turn thinking `reasoning_content`.
-Every field the current SDK sends is accepted; one we cannot honour is a 400 that names it.
+Context management edits apply first (see `anthropic_context`). Every field the current SDK
+and Claude Code send is honoured or refused by name with a 400; a server tool Anthropic runs
+(web search, code execution, …) is not offered to the model, and a `Warning` header says so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any
 
-import msgspec
 import orjson
-from msgspec import Meta, Struct
 
-from engine.errors import EngineFailed, InvalidRequest, ServeError
-from engine.tools.json_scan import partial_value
-from engine.types import (
-    Delta,
-    Finished,
-    FinishReason,
-    Request,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallStart,
-    Usage,
-)
+from engine.errors import InvalidRequest, ServeError
+from engine.types import Request
+from protocols import anthropic_context, structured
 from protocols import conversation as conv
 from protocols import openai_common as common
-from protocols import structured
-from protocols.contract import Frame, Frames, Job, ProtocolContext, Result, SseEvent, ToolCall
+from protocols.anthropic_request import (
+    COUNT_DECODER,
+    MESSAGES_DECODER,
+    ContentBlock,
+    Display,
+    DocumentBlock,
+    ImageBlock,
+    InputMessage,
+    PromptBody,
+    RedactedThinkingBlock,
+    TextBlock,
+    Thinking,
+    ThinkingAdaptive,
+    ThinkingBlock,
+    ThinkingDisabled,
+    ThinkingEnabled,
+    Tool,
+    ToolChoiceAny,
+    ToolChoiceNone,
+    ToolChoiceTool,
+    ToolReferenceBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from protocols.anthropic_stream import (
+    MessagesJob,
+    MessageStream,
+    error_body,
+    error_json,
+    message_json,
+    stop_reason,
+    tool_use_id,
+    usage_json,
+)
+from protocols.contract import Job, ProtocolContext, Result
 from protocols.conversation import TemplateConversation
 
+__all__ = ["FORMAT", "MessagesJob", "count_tokens", "error_body", "error_json", "parse_body"]
+__all__ += ["render", "stop_reason", "tool_use_id", "usage_json"]
+
 ID_PREFIX = "msg"
-TOOL_ID_PREFIX = "toolu_"
-
-_STOP_REASONS = {
-    FinishReason.STOP: "end_turn",
-    FinishReason.LENGTH: "max_tokens",
-    FinishReason.TOOL_CALLS: "tool_use",
+# Tools Anthropic runs on its own servers: they need Anthropic's infrastructure.
+HOSTED_TOOL_PREFIXES = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_", "mcp_toolset")
+REFUSED_FIELDS = {
+    "container": "`container` (code execution containers)",
+    "mcp_servers": "`mcp_servers` (MCP connectors run by the API)",
+    "compaction": "`compaction` (server-side summarising)",
+    "thread": "`thread` (server-held conversation state)",
 }
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
-
-
-# --- request -----------------------------------------------------------------------------------
-
-
-class _Block(Struct, frozen=True, tag_field="type"):
-    """A content block. Fields we do not read (cache_control, citations) are ignored."""
-
-
-class TextBlock(_Block, frozen=True, tag="text"):
-    text: str
-
-
-class ImageBlock(_Block, frozen=True, tag="image"):
-    pass
-
-
-class DocumentBlock(_Block, frozen=True, tag="document"):
-    pass
-
-
-class ThinkingBlock(_Block, frozen=True, tag="thinking"):
-    thinking: str
-    signature: str = ""
-
-
-class RedactedThinkingBlock(_Block, frozen=True, tag="redacted_thinking"):
-    data: str = ""
-
-
-class ToolUseBlock(_Block, frozen=True, tag="tool_use"):
-    id: str
-    name: str
-    input: dict[str, Any]
-
-
-class ToolResultBlock(_Block, frozen=True, tag="tool_result"):
-    tool_use_id: str
-    content: str | list[TextBlock | ImageBlock | DocumentBlock] = ""
-    is_error: bool = False
-
-
-ContentBlock = (
-    TextBlock
-    | ImageBlock
-    | DocumentBlock
-    | ThinkingBlock
-    | RedactedThinkingBlock
-    | ToolUseBlock
-    | ToolResultBlock
-)
-
-
-class InputMessage(Struct, frozen=True):
-    role: Literal["user", "assistant", "system"]
-    content: str | list[ContentBlock]
-
-
-class Tool(Struct, frozen=True, kw_only=True):
-    """A custom tool; Anthropic's own tool kinds (bash_…, web_search_…) carry another `type`."""
-
-    name: str
-    type: str | None = None
-    description: str | None = None
-    input_schema: dict[str, Any] | None = None
-
-
-class _ToolChoice(Struct, frozen=True, tag_field="type"):
-    pass
-
-
-class ToolChoiceAuto(_ToolChoice, frozen=True, tag="auto"):
-    # Not enforced: the engine cannot cap a turn at one call yet.
-    disable_parallel_tool_use: bool = False
-
-
-class ToolChoiceAny(_ToolChoice, frozen=True, tag="any"):
-    disable_parallel_tool_use: bool = False
-
-
-class ToolChoiceTool(_ToolChoice, frozen=True, tag="tool"):
-    name: str
-    disable_parallel_tool_use: bool = False
-
-
-class ToolChoiceNone(_ToolChoice, frozen=True, tag="none"):
-    pass
-
-
-ToolChoice = ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone
-Display = Literal["summarized", "omitted"] | None
-
-
-class _Thinking(Struct, frozen=True, tag_field="type"):
-    pass
-
-
-class ThinkingEnabled(_Thinking, frozen=True, tag="enabled"):
-    # The budget is not enforced on its own; max_tokens still caps thinking plus answer.
-    budget_tokens: Annotated[int, Meta(ge=1)]
-    display: Display = None
-
-
-class ThinkingAdaptive(_Thinking, frozen=True, tag="adaptive"):
-    display: Display = None
-
-
-class ThinkingBetweenTools(_Thinking, frozen=True, tag="between_tools"):
-    pass
-
-
-class ThinkingDisabled(_Thinking, frozen=True, tag="disabled"):
-    pass
-
-
-Thinking = ThinkingEnabled | ThinkingAdaptive | ThinkingBetweenTools | ThinkingDisabled
-
-
-class OutputFormat(Struct, frozen=True):
-    """Structured output: the answer's text is JSON valid against `schema`."""
-
-    type: Literal["json_schema"]
-    schema: dict[str, Any]
-
-
-class OutputConfig(Struct, frozen=True):
-    # `effort` is guidance on how hard to think; a local model takes it as a hint it may ignore.
-    effort: str | None = None
-    format: OutputFormat | None = None
-
-
-class Metadata(Struct, frozen=True):
-    user_id: str | None = None
-
-
-class PromptBody(Struct, frozen=True, kw_only=True):
-    """What renders the prompt: the body of POST /v1/messages/count_tokens.
-
-    Routing and billing fields (service_tier, speed, inference_geo, workspace_id,
-    user_profile_id, cache_control, diagnostics) change nothing here and are ignored.
-    """
-
-    model: str
-    messages: Annotated[list[InputMessage], Meta(min_length=1)]
-    system: str | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = None
-    output_config: OutputConfig | None = None
-    output_format: OutputFormat | None = None  # the structured-outputs beta's spelling
-    # Answer-changing fields refused until supported.
-    container: Any = None
-    mcp_servers: Any = None
-    context_management: Any = None
-
-
-class MessagesBody(PromptBody, frozen=True, kw_only=True):
-    """The body of POST /v1/messages."""
-
-    max_tokens: common.PositiveInt
-    stop_sequences: common.StopList | None = None
-    stream: bool | None = None
-    metadata: Metadata | None = None
-    # The current SDK no longer sends these; older clients do.
-    temperature: Annotated[float, Meta(ge=0, le=1)] | None = None
-    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
-
-
-_DECODER = msgspec.json.Decoder(MessagesBody)
-_COUNT_DECODER = msgspec.json.Decoder(PromptBody)
 
 
 @dataclass(frozen=True, slots=True)
-class MessagesJob(Job):
-    """A Messages call: `show_thinking` is False when thinking.display is "omitted"."""
+class Prompt:
+    """A request rendered: token ids, the tools offered, what context management changed,
+    the tokens before it did, and the notes for the `Warning` header."""
 
-    show_thinking: bool = True
+    ids: list[int]
+    tools: tuple[dict[str, Any], ...] | None
+    applied_edits: list[dict[str, Any]] | None
+    original_tokens: int
+    warnings: tuple[str, ...]
 
 
 # --- parse -------------------------------------------------------------------------------------
@@ -237,55 +89,134 @@ class MessagesJob(Job):
 
 def parse_body(body: bytes, ctx: ProtocolContext) -> MessagesJob:
     """Decode, validate and render one Messages request; ServeError 400 on any fault."""
-    req = common.decode(_DECODER, body)
-    grammar, forced = _grammar(req)
+    req = common.decode(MESSAGES_DECODER, body)
+    prompt = render(req, ctx)
+    grammar, forced = _grammar(req, prompt.tools)
     request = Request(
         id=conv.new_id(ID_PREFIX),
-        prompt_tokens=tuple(render(req, ctx)),
+        prompt_tokens=tuple(prompt.ids),
         sampling=conv.sampling(ctx, req.temperature, req.top_p, req.top_k),
         max_tokens=req.max_tokens,
         stop=tuple(req.stop_sequences or ()),
-        tools=offered_tools(req),
+        tools=prompt.tools,
         grammar=grammar,
         forced_tool_calls=forced,
     )
+    edits = None if prompt.applied_edits is None else tuple(prompt.applied_edits)
     return MessagesJob(
-        request, stream=bool(req.stream), model=req.model, show_thinking=_display(req.thinking) != "omitted"
+        request,
+        stream=bool(req.stream),
+        model=req.model,
+        warnings=prompt.warnings,
+        show_thinking=_display(req.thinking) != "omitted",
+        applied_edits=edits,
     )
 
 
 def count_tokens(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
-    """POST /v1/messages/count_tokens: (status, JSON body), errors in Anthropic's envelope."""
+    """POST /v1/messages/count_tokens: (status, JSON body), errors in Anthropic's envelope.
+    With context management, `context_management.original_input_tokens` is the count before."""
     try:
-        ids = render(common.decode(_COUNT_DECODER, body), ctx)
+        req = common.decode(COUNT_DECODER, body)
+        prompt = render(req, ctx)
     except ServeError as exc:
         return exc.status, error_body(exc)
-    return 200, orjson.dumps({"input_tokens": len(ids)})
+    out: dict[str, Any] = {"input_tokens": len(prompt.ids)}
+    if req.context_management is not None:
+        out["context_management"] = {"original_input_tokens": prompt.original_tokens}
+    return 200, orjson.dumps(out)
 
 
-def offered_tools(req: PromptBody) -> tuple[dict[str, Any], ...] | None:
-    """The tools the model may call (none with tool_choice none), as the template sees them."""
-    tools = None if isinstance(req.tool_choice, ToolChoiceNone) else _template_tools(req.tools)
-    return tuple(tools) if tools else None
-
-
-def render(req: PromptBody, ctx: ProtocolContext) -> list[int]:
-    """The prompt token ids of a request, after refusing what we cannot honour."""
+def render(req: PromptBody, ctx: ProtocolContext) -> Prompt:
+    """The prompt of a request, after refusing what we cannot honour and applying its context
+    management edits."""
     _check_supported(req)
-    messages = template_messages(req)
-    tools = offered_tools(req)
+    tools, warnings = offered_tools(req)
     kwargs = conv.thinking_kwargs(_thinking_enabled(req.thinking))
-    return conv.render_prompt(ctx, messages, list(tools) if tools else None, kwargs, "messages")
+    rendered: dict[tuple[int, ...], list[int]] = {}
+
+    def ids_of(messages: Sequence[InputMessage]) -> list[int]:
+        key = tuple(map(id, messages))
+        if key not in rendered:
+            template = template_messages(req, messages)
+            rendered[key] = conv.render_prompt(
+                ctx, template, list(tools) if tools else None, kwargs, "messages"
+            )
+        return rendered[key]
+
+    edited = anthropic_context.apply(req, lambda messages: len(ids_of(messages)))
+    ids = ids_of(edited.messages)
+    original = len(ids_of(req.messages)) if req.context_management is not None else len(ids)
+    notes = warnings + conv.tool_support_warnings(ctx, tools)
+    return Prompt(ids, tools, edited.applied, original, notes)
 
 
-def _grammar(req: PromptBody) -> tuple[str | None, bool]:
+def offered_tools(req: PromptBody) -> tuple[tuple[dict[str, Any], ...] | None, tuple[str, ...]]:
+    """The tools the model may call, as the template sees them (none with tool_choice none;
+    deferred ones once a tool_reference loaded them), and the notes on those left out."""
+    if not req.tools:
+        return None, ()
+    loaded = _referenced_tools(req.messages)
+    out, notes = [], []
+    for i, tool in enumerate(req.tools):
+        if tool.type is not None and tool.type.startswith(HOSTED_TOOL_PREFIXES):
+            notes.append(_hosted_note(tool))
+        elif not tool.defer_loading or tool.name in loaded:
+            out.append(_template_tool(tool, i))
+    if isinstance(req.tool_choice, ToolChoiceNone) or not out:
+        return None, tuple(notes)
+    return tuple(out), tuple(notes)
+
+
+def _hosted_note(tool: Tool) -> str:
+    return conv.warning(
+        f"tool {tool.name!r} ({tool.type}) runs on Anthropic's servers; this server cannot run it, "
+        "so the model was not offered it"
+    )
+
+
+def _referenced_tools(messages: list[InputMessage]) -> set[str]:
+    """Deferred tools loaded by tool search: every tool_reference in a tool result."""
+    return {
+        part.tool_name
+        for m in messages
+        if not isinstance(m.content, str)
+        for block in m.content
+        if isinstance(block, ToolResultBlock) and not isinstance(block.content, str)
+        for part in block.content
+        if isinstance(part, ToolReferenceBlock)
+    }
+
+
+def _template_tool(tool: Tool, i: int) -> dict[str, Any]:
+    if tool.type not in (None, "custom"):
+        raise InvalidRequest(
+            f"tool type {tool.type!r} is not supported: only custom tools (name, description, "
+            "input_schema) and, left out with a Warning, the server tools Anthropic runs",
+            param=f"tools[{i}].type",
+        )
+    if tool.input_schema is None:
+        raise InvalidRequest("a custom tool needs an `input_schema`", param=f"tools[{i}].input_schema")
+    if tool.allowed_callers is not None and "direct" not in tool.allowed_callers:
+        raise InvalidRequest(
+            "a tool only code execution may call (`allowed_callers` without 'direct') is not supported",
+            param=f"tools[{i}].allowed_callers",
+        )
+    description = tool.description
+    if tool.input_examples:
+        examples = "\n".join(orjson.dumps(e).decode() for e in tool.input_examples)
+        description = f"{description or ''}\n\nExample inputs:\n{examples}".lstrip()
+    return conv.function_tool(tool.name, description, tool.input_schema)
+
+
+def _grammar(req: PromptBody, tools: tuple[dict[str, Any], ...] | None) -> tuple[str | None, bool]:
     """The grammar the answer follows (a forced tool choice or the output format), and whether
     it forces tool calls."""
     choice = req.tool_choice
     name = choice.name if isinstance(choice, ToolChoiceTool) else None
     # `any` may make several calls unless told not to; a named tool makes one.
     parallel = isinstance(choice, ToolChoiceAny) and not choice.disable_parallel_tool_use
-    forced = structured.forced_calls(offered_tools(req), name, isinstance(choice, ToolChoiceAny), parallel)
+    forced = structured.forced_calls(tools, name, isinstance(choice, ToolChoiceAny), parallel)
     fmt, param = req.output_format, "output_format"
     if req.output_config is not None and req.output_config.format is not None:
         if fmt is not None:
@@ -298,9 +229,9 @@ def _grammar(req: PromptBody) -> tuple[str | None, bool]:
 
 
 def _check_supported(req: PromptBody) -> None:
-    for field in ("container", "mcp_servers", "context_management"):
+    for field, what in REFUSED_FIELDS.items():
         if getattr(req, field) is not None:
-            raise common.unsupported(field)
+            raise common.unsupported(field, what)
 
 
 def _thinking_enabled(thinking: Thinking | None) -> bool | None:
@@ -313,12 +244,12 @@ def _display(thinking: Thinking | None) -> Display:
     return thinking.display if isinstance(thinking, ThinkingEnabled | ThinkingAdaptive) else None
 
 
-def template_messages(req: PromptBody) -> list[dict[str, Any]]:
+def template_messages(req: PromptBody, messages: Sequence[InputMessage]) -> list[dict[str, Any]]:
     """The conversation as chat-template message dicts."""
     turns = TemplateConversation()
     if req.system is not None:
         turns.system(_text_only(req.system, "system", "system"))
-    for i, msg in enumerate(req.messages):
+    for i, msg in enumerate(messages):
         if msg.role == "system":
             turns.system(_text_only(msg.content, "system", f"messages[{i}].content"))
         elif isinstance(msg.content, str):
@@ -329,7 +260,7 @@ def template_messages(req: PromptBody) -> list[dict[str, Any]]:
     if turns.ends_with_assistant:
         # Anthropic's answer for models without prefill: the template cannot continue a turn.
         raise InvalidRequest(
-            "a final assistant message (prefill) is not supported", param=f"messages[{len(req.messages) - 1}]"
+            "a final assistant message (prefill) is not supported", param=f"messages[{len(messages) - 1}]"
         )
     return turns.messages()
 
@@ -350,7 +281,7 @@ def _add_block(turns: TemplateConversation, role: str, block: ContentBlock, path
         raise _refused(block, role, path)
 
 
-def _refused(block: _Block, role: str, path: str) -> InvalidRequest:
+def _refused(block: Any, role: str, path: str) -> InvalidRequest:
     if isinstance(block, ImageBlock):
         return InvalidRequest("this model has no vision input", param=path)
     if isinstance(block, DocumentBlock):
@@ -364,190 +295,13 @@ def _text_only(content: str | list[Any], where: str, path: str) -> str:
         return content
     texts: list[str] = []
     for j, block in enumerate(content):
-        if not isinstance(block, TextBlock):
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolReferenceBlock) and where == "tool_result":
+            texts.append(f"Tool loaded: {block.tool_name}")  # its definition joins the tools offered
+        else:
             raise _refused(block, where, f"{path}[{j}]")
-        texts.append(block.text)
     return conv.join_text(texts)
-
-
-def _template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
-    if not tools:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        if tool.type not in (None, "custom"):
-            raise InvalidRequest(
-                f"tool type {tool.type!r} is not supported: only custom tools "
-                "(name, description, input_schema)",
-                param=f"tools[{i}].type",
-            )
-        if tool.input_schema is None:
-            raise InvalidRequest("a custom tool needs an `input_schema`", param=f"tools[{i}].input_schema")
-        out.append(conv.function_tool(tool.name, tool.description, tool.input_schema))
-    return out
-
-
-# --- answers -----------------------------------------------------------------------------------
-
-
-def tool_use_id(call_id: str) -> str:
-    """Engine call ids (`call_…`) in Anthropic's spelling (`toolu_…`)."""
-    if call_id.startswith(TOOL_ID_PREFIX):
-        return call_id
-    return TOOL_ID_PREFIX + call_id.removeprefix("call_")
-
-
-def stop_reason(reason: FinishReason, stop_sequence: str | None) -> str:
-    return "stop_sequence" if stop_sequence is not None else _STOP_REASONS[reason]
-
-
-def usage_json(usage: Usage) -> dict[str, Any]:
-    """Anthropic counts cache reads apart: input + cache_read is the whole prompt."""
-    return {
-        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": usage.cached_tokens,
-        "output_tokens": usage.completion_tokens,
-        **common.speculation_json(usage),
-    }
-
-
-def _message_head(job: Job) -> dict[str, Any]:
-    return {"id": job.request.id, "type": "message", "role": "assistant", "model": job.model}
-
-
-def _tool_input(call: ToolCall) -> dict[str, Any]:
-    raw = call.arguments.strip() or "{}"
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        # A call cut short (max_tokens, a stop sequence): what it holds so far, as the SDK
-        # reads the same arguments streamed.
-        value = partial_value(raw) or {}
-    if not isinstance(value, dict):  # the engine's parsers send objects: this is its bug
-        raise EngineFailed(f"the model's call to {call.name!r} has arguments that are not a JSON object")
-    return value
-
-
-def message_json(job: MessagesJob, result: Result) -> dict[str, Any]:
-    content: list[dict[str, Any]] = []
-    if result.reasoning:
-        thinking = result.reasoning if job.show_thinking else ""
-        content.append({"type": "thinking", "thinking": thinking, "signature": ""})
-    if result.text:
-        content.append({"type": "text", "text": result.text})
-    content += [
-        {"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": _tool_input(c)}
-        for c in result.tool_calls
-    ]
-    return {
-        **_message_head(job),
-        "content": content,
-        "stop_reason": stop_reason(result.finish_reason, result.stop_sequence),
-        "stop_sequence": result.stop_sequence,
-        "usage": usage_json(result.usage),
-    }
-
-
-def error_json(exc: ServeError) -> dict[str, Any]:
-    """Anthropic's error envelope; the status code comes from `exc.status`."""
-    kind = _ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
-
-
-def error_body(exc: ServeError) -> bytes:
-    return orjson.dumps(error_json(exc))
-
-
-class MessageStream:
-    """Anthropic's event grammar: message_start, ping, one content block at a time
-    (start, deltas, stop), message_delta with the stop reason and usage, message_stop.
-
-    The engine emits a turn's parts one after another (tool calls included), so exactly one
-    block is open at a time.
-    """
-
-    def __init__(self, job: MessagesJob) -> None:
-        self._job = job
-        self._index = -1
-        self._open: str | None = None
-        self._tool_blocks: dict[int, int] = {}
-
-    def start(self) -> Frames:
-        usage = usage_json(Usage(len(self._job.request.prompt_tokens), 0))
-        message = {
-            **_message_head(self._job),
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": usage,
-        }
-        return [_event("message_start", message=message), self.heartbeat()]
-
-    def delta(self, event: Delta, index: int = 0) -> Frames:
-        if isinstance(event, ToolCallStart):
-            out = self._begin(
-                "tool_use", {"type": "tool_use", "id": tool_use_id(event.id), "name": event.name, "input": {}}
-            )
-            self._tool_blocks[event.index] = self._index
-            return out
-        if isinstance(event, ToolCallArgsDelta):
-            return self._tool_args(event)
-        if not event.text:
-            return []
-        if isinstance(event, TextDelta):
-            out = self._open_as("text", {"type": "text", "text": ""})
-            return [*out, self._delta(self._index, {"type": "text_delta", "text": event.text})]
-        out = self._open_as("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-        if not self._job.show_thinking:
-            return out
-        return [*out, self._delta(self._index, {"type": "thinking_delta", "thinking": event.text})]
-
-    def _open_as(self, kind: str, block: dict[str, Any]) -> Frames:
-        return [] if self._open == kind else self._begin(kind, block)
-
-    def _tool_args(self, event: ToolCallArgsDelta) -> Frames:
-        index = self._tool_blocks.get(event.index)
-        if index is None or not event.arguments:
-            return []
-        return [self._delta(index, {"type": "input_json_delta", "partial_json": event.arguments})]
-
-    def _begin(self, kind: str, block: dict[str, Any]) -> Frames:
-        out = self._close()
-        self._index += 1
-        self._open = kind
-        return [*out, _event("content_block_start", index=self._index, content_block=block)]
-
-    def _delta(self, index: int, delta: dict[str, Any]) -> SseEvent:
-        return _event("content_block_delta", index=index, delta=delta)
-
-    def _close(self) -> Frames:
-        if self._open is None:
-            return []
-        self._open = None
-        return [_event("content_block_stop", index=self._index)]
-
-    def finish(self, event: Finished, index: int = 0) -> Frames:
-        delta = {
-            "stop_reason": stop_reason(event.reason, event.stop_sequence),
-            "stop_sequence": event.stop_sequence,
-        }
-        return [
-            *self._close(),
-            _event("message_delta", delta=delta, usage=usage_json(event.usage)),
-            _event("message_stop"),
-        ]
-
-    def error(self, exc: ServeError) -> Frames:
-        return [SseEvent(error_json(exc), "error")]
-
-    def heartbeat(self) -> Frame:
-        return _event("ping")
-
-
-def _event(kind: str, **payload: Any) -> SseEvent:
-    """Anthropic names each event after its payload's `type`, which comes first."""
-    return SseEvent({"type": kind, **payload}, kind)
 
 
 def _own(job: Job) -> MessagesJob:

@@ -64,17 +64,38 @@ class ProtocolContext:
     tokenizer: ChatTokenizer
     defaults: Defaults
     created: int
+    # The longest prompt + answer a request may use (the memory plan's); None: not known.
+    context_length: int | None = None
+
+    def room_after(self, prompt_tokens: int) -> int:
+        """What an answer may run to when the request sets no limit: the context that remains
+        (at least 1, so admission, not this, refuses a prompt that fills the context);
+        the server's --max-tokens when the context is not known."""
+        if self.context_length is None:
+            return self.defaults.max_tokens
+        return max(self.context_length - prompt_tokens, 1)
 
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A parsed API call: the engine request plus how the client wants the answer."""
+    """A parsed API call: the engine request plus how the client wants the answer.
+
+    `prompts` holds the prompts after the first when one call asks for several (the legacy
+    completions API): each gets `n` choices, in order. `warnings` are `Warning` header values
+    the protocol adds (a tool it cannot offer, a template without tool support).
+    """
 
     request: Request
     stream: bool
     include_usage: bool = False
     model: str = ""
     n: int = 1
+    prompts: tuple[tuple[int, ...], ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def choices(self) -> int:
+        return self.n * (1 + len(self.prompts))
 
 
 @dataclass(frozen=True, slots=True)

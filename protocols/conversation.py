@@ -25,6 +25,25 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+def warning(text: str) -> str:
+    """A `Warning` header value (RFC 7234 code 299, as admission writes them)."""
+    quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'299 - "{quoted}"'
+
+
+def tool_support_warnings(ctx: ProtocolContext, tools: Any) -> tuple[str, ...]:
+    """The note a request offering tools gets when the model's chat template has no tool support
+    (the tokenizer then describes the tools in a system message; calls are read as hermes)."""
+    if not tools or getattr(ctx.tokenizer, "supports_tools", True):
+        return ()
+    return (
+        warning(
+            f"the chat template of {ctx.model_id} has no tool support: the tools are described to "
+            "the model in a system message and its calls are read as <tool_call> JSON"
+        ),
+    )
+
+
 def join_text(parts: list[str]) -> str:
     # Separate blocks stay separate paragraphs (Claude Code and Codex send several per turn).
     return TEXT_SEPARATOR.join(parts)

@@ -157,7 +157,14 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
         raise InvalidRequest("the chat template rendered an empty prompt", param="messages")
     offered = tools if req.tool_choice != "none" else None
     return common.build_job(
-        req, ids, ctx, ID_PREFIX, offered, common.chat_logprobs(req), _forced_calls(req, offered)
+        req,
+        ids,
+        ctx,
+        ID_PREFIX,
+        offered,
+        common.chat_logprobs(req),
+        _forced_calls(req, offered),
+        conv.tool_support_warnings(ctx, offered),
     )
 
 
@@ -277,13 +284,13 @@ class ChatStream(common.ChunkStream):
         return [self.frame(_choice({"content": event.text}, index=index, logprobs=event.logprobs))]
 
     def finish(self, event: Finished, index: int = 0) -> Frames:
-        return self.closing(_choice({}, event.reason.value, index), event.usage)
+        return self.closing(_choice({}, event.reason.value, index), event.usage, index)
 
 
 def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> dict[str, Any]:
     want = job.request.logprobs is not None
     choices = [_message_choice(i, r, want) for i, r in enumerate(results)]
-    usage = common.combined_usage([r.usage for r in results])
+    usage = common.combined_usage([r.usage for r in results], job.n)
     return {**common.response_head(job, ctx, OBJECT), "choices": choices, "usage": common.usage_json(usage)}
 
 
@@ -318,7 +325,7 @@ class OpenAIChat:
         return parse_body(body, ctx)
 
     def renderer(self, job: Job, ctx: ProtocolContext) -> ChatStream:
-        return ChatStream(common.response_head(job, ctx, CHUNK_OBJECT), job.include_usage, job.n)
+        return ChatStream(common.response_head(job, ctx, CHUNK_OBJECT), job.include_usage, job.n, job.choices)
 
     def to_json(self, job: Job, results: list[Result], ctx: ProtocolContext) -> bytes:
         return orjson.dumps(completion_json(job, results, ctx))

@@ -109,6 +109,9 @@ class OpenAIFields(Struct, frozen=True, kw_only=True):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # llama.cpp's spellings: a GBNF (or Lark) grammar, and a JSON schema the answer follows.
+    grammar: str | None = None
+    json_schema: dict[str, Any] | bool | None = None
     # Fields that would change the answer; refused until supported.
     prediction: Any = None
     xtc_probability: Annotated[float, Meta(ge=0, le=1)] | None = None
@@ -126,6 +129,14 @@ def decode(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
         raise InvalidRequest(f"invalid request: {message}", param=error_param(message)) from exc
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"could not parse JSON body: {exc}") from exc
+
+
+def invalid_at(exc: msgspec.ValidationError, path: str) -> InvalidRequest:
+    """A ValidationError on one part of the body (`input[2]`, `tools[0]`), its path made whole."""
+    message = str(exc)
+    at = f"`$.{path}"
+    message = message.replace("`$", at) if " - at `$" in message else f"{message} - at {at}`"
+    return InvalidRequest(f"invalid request: {message}", param=error_param(message))
 
 
 def error_param(message: str) -> str | None:
@@ -297,6 +308,7 @@ def output_grammar(fields: OpenAIFields) -> str | None:
         param = "response_format.json_schema.schema" if rf.json_schema else "response_format"
         asked.append((param, "json", structured.ANY_OBJECT if schema is None else schema))
     asked += [(f"guided_{kind}", kind, getattr(fields, f"guided_{kind}")) for kind in _GUIDES]
+    asked += [("grammar", "grammar", fields.grammar), ("json_schema", "json", fields.json_schema)]
     so = fields.structured_outputs
     if so is not None:
         asked += [(f"structured_outputs.{kind}", kind, getattr(so, kind)) for kind in _GUIDES]
@@ -318,6 +330,7 @@ def build_job(
     tools: list[dict[str, Any]] | None = None,
     logprobs: int | None = None,
     forced_calls: str | None = None,
+    warnings: tuple[str, ...] = (),
 ) -> Job:
     """The engine request plus the client's delivery choices; `forced_calls` is the grammar
     of a tool_choice that forces calls."""
@@ -341,6 +354,7 @@ def build_job(
         include_usage=include_usage(fields),
         model=fields.model or ctx.model_id,
         n=fields.n or 1,
+        warnings=warnings,
     )
 
 
@@ -426,13 +440,14 @@ def token_logprob_json(t: TokenLogprob) -> dict[str, Any]:
     }
 
 
-def combined_usage(usages: list[Usage]) -> Usage:
-    """One call's usage over its choices: the prompt counted once, completions summed."""
-    first = usages[0]
+def combined_usage(usages: list[Usage], n: int = 1) -> Usage:
+    """One call's usage over its choices, `n` per prompt in prompt order: each prompt counted
+    once, completions summed."""
+    first, leaders = usages[0], usages[::n]
     return Usage(
-        first.prompt_tokens,
+        sum(u.prompt_tokens for u in leaders),
         sum(u.completion_tokens for u in usages),
-        first.cached_tokens,
+        sum(u.cached_tokens for u in leaders),
         sum(u.drafted_tokens for u in usages),
         sum(u.accepted_tokens for u in usages),
         first.predicted,
@@ -443,15 +458,18 @@ class ChunkStream:
     """The chunk sequence both formats stream; subclasses shape each choice.
 
     With `include_usage` every chunk carries `"usage": null` and a last chunk with no choices
-    carries the usage, as OpenAI sends them. With n choices, the usage chunk and the
-    terminator follow the last choice's finish chunk.
+    carries the usage, as OpenAI sends them. With several choices (`n` per prompt, `choices` in
+    all), the usage chunk and the terminator follow the last choice's finish chunk.
     """
 
-    def __init__(self, head: dict[str, Any], include_usage: bool, n: int = 1) -> None:
+    def __init__(
+        self, head: dict[str, Any], include_usage: bool, n: int = 1, choices: int | None = None
+    ) -> None:
         self._head = head
         self._include_usage = include_usage
         self._n = n
-        self._usages: list[Usage] = []
+        self._choices = n if choices is None else choices
+        self._usages: dict[int, Usage] = {}
 
     def frame(self, choice: dict[str, Any]) -> SseEvent:
         chunk = {**self._head, "choices": [choice]}
@@ -459,16 +477,16 @@ class ChunkStream:
             chunk["usage"] = None
         return SseEvent(chunk)
 
-    def closing(self, choice: dict[str, Any], usage: Usage) -> Frames:
+    def closing(self, choice: dict[str, Any], usage: Usage, index: int = 0) -> Frames:
         """A choice's finishing chunk; after the last choice, the usage chunk and terminator."""
         out: Frames = [self.frame(choice)]
-        self._usages.append(usage)
-        if len(self._usages) < self._n:
+        self._usages[index] = usage
+        if len(self._usages) < self._choices:
             return out
         if self._include_usage:
-            out.append(
-                SseEvent({**self._head, "choices": [], "usage": usage_json(combined_usage(self._usages))})
-            )
+            usages = [self._usages[i] for i in sorted(self._usages)]
+            total = usage_json(combined_usage(usages, self._n))
+            out.append(SseEvent({**self._head, "choices": [], "usage": total}))
         out.append(DONE)
         return out
 

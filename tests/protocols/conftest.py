@@ -30,6 +30,7 @@ class FakeTokenizer:
 
     vocab_size: int = VOCAB_SIZE
     template_error: str | None = None
+    supports_tools: bool = True
     chat_calls: list[ChatCall] = field(default_factory=list)
 
     def encode(self, text: str) -> list[int]:
@@ -47,8 +48,15 @@ class FakeTokenizer:
         self.chat_calls.append(ChatCall(messages, tools, template_kwargs))
         if self.template_error is not None:
             raise ValueError(self.template_error)
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        text = "".join(_rendered(m) for m in messages) + "<assistant>"
         return self.encode(text)
+
+
+def _rendered(message: dict[str, Any]) -> str:
+    # Reasoning and calls count too, as a real template writes them.
+    thought = f"<think>{message['reasoning_content']}</think>" if message.get("reasoning_content") else ""
+    calls = orjson.dumps(message["tool_calls"]).decode() if message.get("tool_calls") else ""
+    return f"<{message['role']}>{thought}{message['content']}{calls}"
 
 
 @pytest.fixture

@@ -60,7 +60,7 @@ def sse_events(stream: bytes) -> list[tuple[str | None, Any]]:
             if key == b"event":
                 name = value.decode()
             elif key == b"data":
-                data = orjson.loads(value)
+                data = "[DONE]" if value == b"[DONE]" else orjson.loads(value)
         out.append((name, data))
     return out
 
@@ -100,11 +100,12 @@ class ScriptedServer:
                 exc.status, content=self.fmt.error_body(exc), headers={"content-type": "application/json"}
             )
         self.jobs.append(job)
+        notes = [("warning", w) for w in job.warnings]  # as the app sends a protocol's notes
         if job.stream:
             stream = render_stream(self.fmt, job, self.ctx, self.events, self.fail)
-            return httpx2.Response(200, content=stream, headers={"content-type": SSE})
+            return httpx2.Response(200, content=stream, headers=[("content-type", SSE), *notes])
         return httpx2.Response(
             200,
             content=render_json(self.fmt, job, self.ctx, self.events),
-            headers={"content-type": "application/json"},
+            headers=[("content-type", "application/json"), *notes],
         )

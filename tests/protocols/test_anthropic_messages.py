@@ -397,24 +397,38 @@ def test_parse_refuses_prefill(ctx: ProtocolContext) -> None:
             "output_config.format",
             ("a `tool_choice` that forces a tool call cannot be combined with a structured output format"),
         ),
-        ({"container": "cntr_1"}, "container", "`container` is not supported yet"),
+        (
+            {"container": "cntr_1"},
+            "container",
+            "`container` (code execution containers) is not supported yet",
+        ),
         (
             {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
             "mcp_servers",
-            "`mcp_servers` is not supported yet",
+            "`mcp_servers` (MCP connectors run by the API) is not supported yet",
         ),
         (
-            {"context_management": {"edits": []}},
-            "context_management",
-            "`context_management` is not supported yet",
+            {"compaction": {"type": "summarize"}},
+            "compaction",
+            "`compaction` (server-side summarising) is not supported yet",
         ),
         (
-            {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            {"thread": {"type": "create"}},
+            "thread",
+            "`thread` (server-held conversation state) is not supported yet",
+        ),
+        (
+            {"tools": [{"type": "bash_20250124", "name": "bash"}]},
             "tools[0].type",
             (
-                "tool type 'web_search_20250305' is not supported: only custom tools (name, "
-                "description, input_schema)"
+                "tool type 'bash_20250124' is not supported: only custom tools (name, description, "
+                "input_schema) and, left out with a Warning, the server tools Anthropic runs"
             ),
+        ),
+        (
+            {"tools": [{**WEATHER, "allowed_callers": ["code_execution_20250825"]}]},
+            "tools[0].allowed_callers",
+            "a tool only code execution may call (`allowed_callers` without 'direct') is not supported",
         ),
         ({"tools": [{"name": "f"}]}, "tools[0].input_schema", "a custom tool needs an `input_schema`"),
     ],

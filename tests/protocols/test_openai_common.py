@@ -207,6 +207,9 @@ SCHEMA: Body = {"type": "object", "properties": {"a": {"type": "integer"}}, "req
         ({"structured_outputs": {"grammar": 'root ::= "x"'}}, structured.grammar('root ::= "x"', "p")),
         ({"structured_outputs": {"json_object": True}}, structured.json_schema(None, "p")),
         ({"response_format": {"type": "text"}}, None),
+        # llama.cpp's fields: a GBNF grammar, a JSON schema.
+        ({"grammar": 'root ::= "yes" | "no"'}, structured.grammar('root ::= "yes" | "no"', "p")),
+        ({"json_schema": SCHEMA}, structured.json_schema(SCHEMA, "p")),
     ],
 )
 def test_parse_turns_structured_output_fields_into_a_grammar(
@@ -235,6 +238,9 @@ def test_parse_turns_structured_output_fields_into_a_grammar(
         ({"guided_choice": []}, "guided_choice", "a choice needs a non-empty list of strings"),
         ({"guided_grammar": "start: nothing_here"}, "guided_grammar", 'unknown name: "nothing_here"'),
         ({"structured_outputs": {"regex": "(x"}}, "structured_outputs.regex", "invalid regex"),
+        ({"grammar": "root ::= undefined_rule"}, "grammar", "invalid grammar"),
+        ({"json_schema": {"type": "foo"}}, "json_schema", "invalid JSON schema"),
+        ({"grammar": 'root ::= "x"', "json_schema": SCHEMA}, "json_schema", "both constrain the answer"),
         (
             {"guided_regex": "x", "guided_choice": ["x"]},
             "guided_choice",

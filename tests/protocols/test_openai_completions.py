@@ -62,23 +62,67 @@ def test_parse_does_not_apply_chat_template(ctx: ProtocolContext) -> None:
 
 
 @pytest.mark.parametrize(
-    ("prompt", "message"),
+    ("prompt", "message", "param"),
     [
-        ("", "`prompt` is empty"),
-        ([], "`prompt` is empty"),
-        ([""], "`prompt` is empty"),
-        ([[]], "`prompt` is empty"),
-        (["a", "b"], "more than one prompt per request is not supported yet"),
-        ([[1], [2]], "more than one prompt per request is not supported yet"),
-        ([1, "a"], "`prompt` mixes token ids with other prompts"),
-        ([1000], "token id 1000 at prompt[0] is not in this model's vocabulary (0..999)"),
-        ([1, -1], "token id -1 at prompt[1] is not in this model's vocabulary (0..999)"),
-        ([[3, 1000]], "token id 1000 at prompt[1] is not in this model's vocabulary (0..999)"),
+        ("", "`prompt` is empty", "prompt"),
+        ([], "`prompt` is empty", "prompt"),
+        ([""], "`prompt[0]` is empty", "prompt[0]"),
+        ([[]], "`prompt[0]` is empty", "prompt[0]"),
+        (["a", ""], "`prompt[1]` is empty", "prompt[1]"),
+        ([1, "a"], "`prompt` mixes token ids with other prompts", "prompt"),
+        ([1000], "token id 1000 at prompt[0] is not in this model's vocabulary (0..999)", "prompt"),
+        ([1, -1], "token id -1 at prompt[1] is not in this model's vocabulary (0..999)", "prompt"),
+        (
+            [[3], [3, 1000]],
+            "token id 1000 at prompt[1][1] is not in this model's vocabulary (0..999)",
+            "prompt[1]",
+        ),
     ],
 )
-def test_parse_rejects_bad_prompts(ctx: ProtocolContext, prompt: Any, message: str) -> None:
+def test_parse_rejects_bad_prompts(ctx: ProtocolContext, prompt: Any, message: str, param: str) -> None:
     err = parse_error(ctx, prompt=prompt)
-    assert (err.message, err.param) == (message, "prompt")
+    assert (err.message, err.param) == (message, param)
+
+
+def test_parse_takes_several_prompts_n_choices_each(ctx: ProtocolContext) -> None:
+    job = parse(ctx, prompt=["ab", [5, 6], "c"], n=2)
+    assert job.request.prompt_tokens == (97, 98)
+    assert job.prompts == ((5, 6), (99,))
+    assert (job.n, job.choices) == (2, 6)
+
+
+def test_parse_caps_prompts_times_n(ctx: ProtocolContext) -> None:
+    err = parse_error(ctx, prompt=["a"] * 65, n=2)
+    assert err.param == "prompt" and "over the 128 choices" in err.message
+
+
+def test_to_json_several_prompts_count_each_prompt_once(ctx: ProtocolContext) -> None:
+    job = parse(ctx, prompt=["ab", "cde"], n=2)
+    results = [
+        Result(f"t{i}", FinishReason.STOP, Usage(2 if i < 2 else 3, 1, cached_tokens=1 if i < 2 else 0))
+        for i in range(4)
+    ]
+    body = orjson.loads(FORMAT.to_json(job, results, ctx))
+    Completion.model_validate(body)
+    assert [(c["index"], c["text"]) for c in body["choices"]] == [(0, "t0"), (1, "t1"), (2, "t2"), (3, "t3")]
+    usage = body["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (5, 4, 9)
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 1}
+
+
+def test_stream_several_prompts_end_after_every_choice(ctx: ProtocolContext, sse_frames: Split) -> None:
+    job = parse(ctx, prompt=["ab", "cde"], stream=True, stream_options={"include_usage": True})
+    stream = FORMAT.renderer(job, ctx)
+    out = stream.start()
+    out += stream.delta(TextDelta("y"), 1)
+    out += stream.finish(Finished(FinishReason.STOP, Usage(3, 1)), 1)
+    assert "[DONE]" not in sse_frames(out)
+    out += stream.delta(TextDelta("x"), 0)
+    out += stream.finish(Finished(FinishReason.LENGTH, Usage(2, 1)), 0)
+    frames = sse_frames(out)
+    assert frames[-1] == "[DONE]"
+    assert [c["index"] for f in frames[:-2] for c in f["choices"]] == [1, 1, 0, 0]
+    assert frames[-2]["usage"]["prompt_tokens"] == 5
 
 
 @pytest.mark.parametrize(

@@ -361,7 +361,7 @@ def test_parse_refuses_media_input(
         (
             {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "now"}},
             "tool_choice",
-            ("`tool_choice` names the function 'now', which is not among the tools offered ('get_weather')"),
+            ("`tool_choice` names the tool 'now', which is not among the tools offered ('get_weather')"),
         ),
         (
             {"tools": [WEATHER], "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
@@ -369,11 +369,18 @@ def test_parse_refuses_media_input(
             ("a `tool_choice` that forces a tool call cannot be combined with a structured output format"),
         ),
         (
-            {"tools": [{"type": "web_search"}]},
+            {"tools": [{"type": "local_shell"}]},
             "tools[0].type",
-            "tool type 'web_search' is not supported: only function tools",
+            (
+                "tool type 'local_shell' is not supported: only function, custom and namespace tools "
+                "(and, left out with a Warning, the tools the API's servers run)"
+            ),
         ),
-        ({"tools": [{"type": "function"}]}, "tools[0].name", "a function tool needs a `name`"),
+        (
+            {"tools": [{"type": "function"}]},
+            "tools[0].name",
+            "invalid request: Object missing required field `name` - at `$.tools[0]`",
+        ),
         ({"top_logprobs": 2}, "top_logprobs", "`top_logprobs` is not supported yet"),
         (
             {"include": ["message.output_text.logprobs"]},
@@ -494,8 +501,12 @@ def test_to_json_matches_responses_shape(fmt: OpenAIResponses, ctx: ProtocolCont
         "tools": [],
         "top_logprobs": 0,
         "top_p": 0.9,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
         "truncation": "disabled",
         "user": None,
+        "safety_identifier": None,
+        "prompt_cache_key": None,
         "metadata": {"k": "v"},
         "usage": {
             "input_tokens": 12,
@@ -675,6 +686,7 @@ def stream_of(
 ) -> list[dict[str, Any]]:
     job = parse(fmt, ctx, input="hi", stream=True, **fields)
     frames = sse_events(render_stream(fmt, job, ctx, events, fail))
+    assert frames.pop() == (None, "[DONE]")  # Open Responses' terminal event
     for name, data in frames:
         assert name == data["type"]
         STREAM_EVENT.validate_python(data)
@@ -758,12 +770,15 @@ def test_stream_stores_the_finished_response(fmt: OpenAIResponses, ctx: Protocol
 
 def test_stream_error_is_response_failed(fmt: OpenAIResponses, ctx: ProtocolContext) -> None:
     frames = stream_of(fmt, ctx, [TextDelta("par")], fail=EngineFailed("engine crashed"))
-    assert [f["type"] for f in frames[-4:]] == [
+    assert [f["type"] for f in frames[-5:]] == [
         "response.output_text.done",
         "response.content_part.done",
         "response.output_item.done",
+        "error",
         "response.failed",
     ]
+    assert frames[-2]["error"] == frames[-1]["response"]["error"]  # Open Responses' shape
+    assert (frames[-2]["code"], frames[-2]["message"]) == ("server_error", "engine crashed")  # OpenAI's
     failed = frames[-1]["response"]
     assert failed["status"] == "failed" and failed["output"][0]["status"] == "incomplete"
     assert failed["error"] == {
@@ -856,11 +871,9 @@ def test_sdk_bad_request_error(client: openai.OpenAI) -> None:
 
 def test_sdk_stream_failure_surfaces(client: openai.OpenAI, server: ScriptedServer) -> None:
     server.events, server.fail = [TextDelta("par")], EngineFailed("engine crashed")
-    with client.responses.stream(model="m", input="hi") as stream:
-        kinds = [e.type for e in stream]
-        with pytest.raises(RuntimeError):
-            stream.get_final_response()
-    assert kinds[-1] == "response.failed"
+    with pytest.raises(openai.APIError) as info, client.responses.stream(model="m", input="hi") as stream:
+        list(stream)
+    assert info.value.message == "engine crashed"
 
 
 def test_sdk_incomplete_response(client: openai.OpenAI, server: ScriptedServer) -> None:

@@ -417,3 +417,84 @@ def test_app_reasoning_kept_apart_from_the_answer() -> None:
     assert "".join(d.get("content") or "" for d in deltas) == "Paris."
     blocks = anthropic.json()["content"]
     assert [b["type"] for b in blocks] == ["thinking", "text"] and blocks[0]["thinking"] == "The user asks."
+
+
+def test_app_completions_several_prompts_are_one_batched_call() -> None:
+    engine, runners = fake_engine(["x", "y"], step_s=0.01)
+    body = {"model": "fake-model", "prompt": ["ab", [5, 6, 7]], "n": 2, "max_tokens": 50}
+
+    async def go() -> tuple[Any, Any]:
+        app = await ready(started(engine))
+        whole = await call(app, "POST", "/v1/completions", orjson.dumps(body))
+        streamed = await call(app, "POST", "/v1/completions", orjson.dumps({**body, "stream": True}))
+        return whole, streamed
+
+    whole, streamed = run(go())
+    out = whole.json()
+    assert [(c["index"], c["text"]) for c in out["choices"]] == [(i, "xy") for i in range(4)]
+    assert out["usage"]["prompt_tokens"] == 2 + 3 and out["usage"]["completion_tokens"] == 12
+    assert runners[0].max_rows_seen == 4  # every choice of every prompt decoded together
+    data = streamed.sse_data()
+    assert data.count("[DONE]") == 1 and data[-1] == "[DONE]"
+    indexes = {ch["index"] for d in data[:-1] for ch in orjson.loads(d)["choices"]}
+    assert indexes == {0, 1, 2, 3}
+
+
+def test_app_responses_compact() -> None:
+    engine, _ = fake_engine(["The user", " said hi."])
+
+    async def go() -> tuple[Any, Any, Any]:
+        app = await ready(started(engine))
+        ok = await call(
+            app, "POST", "/v1/responses/compact", orjson.dumps({"model": "fake-model", "input": "hi"})
+        )
+        no_model = await call(app, "POST", "/v1/responses/compact", orjson.dumps({"input": "hi"}))
+        other = await call(
+            app, "POST", "/v1/responses/compact", orjson.dumps({"model": "gpt-4o", "input": "hi"})
+        )
+        return ok, no_model, other
+
+    ok, no_model, other = run(go())
+    body = ok.json()
+    assert ok.status == 200 and body["object"] == "response.compaction"
+    assert [i["type"] for i in body["output"]] == ["message", "compaction"]
+    assert body["output"][0]["role"] == "user" and body["usage"]["output_tokens"] > 0
+    assert (no_model.status, no_model.json()["error"]["param"]) == (400, "model")
+    assert (other.status, other.json()["error"]["param"]) == (404, "model")
+
+
+def test_app_protocol_warnings_are_sent_and_logged(caplog: Any) -> None:
+    engine, _ = fake_engine(["ok"])
+    body = {
+        "model": "fake-model",
+        "input": "hi",
+        "tools": [
+            {"type": "function", "name": "f", "parameters": {"type": "object"}},
+            {"type": "web_search"},
+        ],
+    }
+
+    async def go() -> Any:
+        app = await ready(started(engine))
+        return await call(app, "POST", "/v1/responses", orjson.dumps(body))
+
+    with caplog.at_level("WARNING", logger="mlx_serve.http"):
+        r = run(go())
+    assert r.status == 200
+    hosted, no_tools = r.all("warning")
+    assert "'web_search'" in hosted
+    # The fake tokenizer's template reads no `tools`: the model is told of them in a system message.
+    assert "no tool support" in no_tools
+    assert any("web_search" in rec.getMessage() for rec in caplog.records)
+
+
+def test_app_tells_the_protocols_the_context_length() -> None:
+    engine, _ = fake_engine(["ok"])
+
+    async def go() -> Any:
+        app = await ready(started(engine))
+        assert app.engine.model is not None
+        return app.context().context_length, app.engine.model.context_length
+
+    seen, model = run(go())
+    assert seen == model

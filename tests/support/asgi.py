@@ -14,6 +14,10 @@ class Reply:
     status: int = 0
     headers: dict[str, str] = field(default_factory=dict)
     chunks: list[bytes] = field(default_factory=list)
+    header_list: list[tuple[str, str]] = field(default_factory=list)  # repeated names kept
+
+    def all(self, name: str) -> list[str]:
+        return [v for k, v in self.header_list if k == name]
 
     @property
     def body(self) -> bytes:
@@ -50,7 +54,8 @@ async def call(app: Any, method: str, path: str, body: bytes = b"", *,
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             reply.status = message["status"]
-            reply.headers = {k.decode(): v.decode() for k, v in message.get("headers", [])}
+            reply.header_list = [(k.decode(), v.decode()) for k, v in message.get("headers", [])]
+            reply.headers = dict(reply.header_list)
         elif message["type"] == "http.response.body" and message.get("body"):
             reply.chunks.append(message["body"])
             if disconnect_after_chunks is not None and len(reply.chunks) >= disconnect_after_chunks:

@@ -1,0 +1,110 @@
+"""Tier 3: the real Claude Code CLI against a real mlx-serve.
+
+Claude Code 2.1's default first request is ~12,400 tokens (its system prompt, 12 tools, the
+environment), which SmolLM2's 8,192-token context cannot hold: with default settings it must
+get the context error it understands (one request, no retries stripping betas, which a 400
+for a field it sent would cause), proving every field it sends was accepted. `--bare`, Claude
+Code's own minimal mode, fits (~1,200 tokens) and completes the turn. The tool turn needs a
+model that calls tools: `--model qwen2.5-coder-0.5b` (MLX_SERVE_TOOL_MODEL overrides it, for a
+folder), skipped when the server cannot load it. Default settings on a model with the
+context take ~12k tokens of prefill, minutes on this CPU: opt in with MLX_SERVE_E2E_SLOW=1.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import clis
+from tests.support.server_proc import ServerProcess
+
+pytestmark = [
+    pytest.mark.real,
+    pytest.mark.skipif(
+        not clis.installed("claude", clis.CLAUDE_CODE), reason="Claude Code not installed (scripts/test.sh)"
+    ),
+]
+TOOL_MODEL = os.environ.get("MLX_SERVE_TOOL_MODEL", "qwen2.5-coder-0.5b")
+SLOW = os.environ.get("MLX_SERVE_E2E_SLOW") == "1"
+MARKER = "mlx-serve-ok"
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = clis.serve(str(smollm_path), tmp_path_factory.mktemp("logs") / "claude-smollm.log")
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = clis.serve(TOOL_MODEL, optional=True, log=tmp_path_factory.mktemp("logs") / "claude-tools.log")
+    yield server
+    server.close()
+
+
+def result_of(run: clis.Run) -> dict[str, Any]:
+    [result] = run.of_type("result")
+    return result
+
+
+def assistant_blocks(run: clis.Run) -> list[dict[str, Any]]:
+    return [b for e in run.of_type("assistant") for b in e["message"]["content"]]
+
+
+def test_default_request_is_accepted_and_too_long_for_an_8k_model(
+    smollm: ServerProcess, tmp_path: Path
+) -> None:
+    run = clis.claude(smollm.url, tmp_path, "say hi")
+    result = result_of(run)
+    assert run.rc == 1 and result["is_error"] and result["terminal_reason"] == "prompt_too_long"
+    assert "maximum context length is 8192 tokens" in result["result"]
+    lines = [ln for ln in smollm.log().splitlines() if "route=/v1/messages " in ln]
+    assert len(lines) == 1 and "status=400" in lines[0] and "error=context_too_long" in lines[0]
+
+
+def test_bare_mode_completes_a_turn_on_smollm2(smollm: ServerProcess, tmp_path: Path) -> None:
+    run = clis.claude(smollm.url, tmp_path, "say hi", "--bare")
+    result = result_of(run)
+    assert run.rc == 0, run.stderr
+    assert (result["subtype"], result["is_error"], result["stop_reason"]) == ("success", False, "end_turn")
+    texts = [b["text"] for b in assistant_blocks(run) if b["type"] == "text"]
+    assert texts and texts[-1].strip() and result["result"] == texts[-1]
+    [init] = [e for e in run.of_type("system") if e.get("subtype") == "init"]
+    assert init["model"] == clis.MODEL and init["analytics_disabled"] is True
+
+
+def test_calls_its_bash_tool_and_gets_the_result_back(tool_model: ServerProcess, tmp_path: Path) -> None:
+    prompt = f"Use the Bash tool to run the command `echo {MARKER}`, then tell me what it printed."
+    run = clis.claude(
+        tool_model.url,
+        tmp_path,
+        prompt,
+        "--bare",
+        "--tools",
+        "Bash",
+        "--allowedTools",
+        "Bash",
+        "--max-turns",
+        "3",
+    )
+    uses = [b for b in assistant_blocks(run) if b["type"] == "tool_use"]
+    assert uses and uses[0]["name"] == "Bash" and MARKER in uses[0]["input"]["command"], run.stdout[-2000:]
+    results = [
+        b
+        for e in run.of_type("user")
+        for b in e["message"]["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
+    assert results and MARKER in str(results[0]["content"]) and not results[0].get("is_error")
+    assert run.rc == 0 and not result_of(run)["is_error"], run.stdout[-2000:]
+
+
+@pytest.mark.skipif(not SLOW, reason="~12k tokens of prefill: minutes on a CPU (MLX_SERVE_E2E_SLOW=1)")
+def test_default_settings_complete_a_turn(tool_model: ServerProcess, tmp_path: Path) -> None:
+    run = clis.claude(tool_model.url, tmp_path, "say hi", timeout_s=3600)
+    assert run.rc == 0 and result_of(run)["subtype"] == "success", run.stdout[-2000:]

@@ -1,0 +1,96 @@
+"""Tier 3: the real Codex CLI against a real mlx-serve, through a `wire_api = "responses"`
+provider.
+
+Codex 0.171's default first request is ~10,000 tokens (17 KB of base instructions, nine tools
+with a namespace and web_search): too long for SmolLM2's 8,192-token context, so with default
+settings it must get the context error it understands ("ran out of room"), proving every
+field and tool it sends was accepted. Codex's own settings trim it (LEAN: its short-model
+knobs, instructions from a file) so the turn completes. The tool turn needs a model that calls
+tools: `--model qwen2.5-coder-0.5b` (MLX_SERVE_TOOL_MODEL overrides it), skipped when the
+server cannot load it; default settings there take minutes of prefill: MLX_SERVE_E2E_SLOW=1.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import clis
+from tests.support.server_proc import ServerProcess
+
+pytestmark = [
+    pytest.mark.real,
+    pytest.mark.skipif(
+        not clis.installed("codex", clis.CODEX), reason="Codex not installed (scripts/test.sh)"
+    ),
+]
+TOOL_MODEL = os.environ.get("MLX_SERVE_TOOL_MODEL", "qwen2.5-coder-0.5b")
+SLOW = os.environ.get("MLX_SERVE_E2E_SLOW") == "1"
+MARKER = "mlx-serve-ok"
+INSTRUCTIONS = "You are a coding agent in a terminal. Use your tools when asked to; answer briefly.\n"
+
+
+def lean(scratch: Path) -> list[str]:
+    """Codex's own settings for a small context: no sub-agents, goals or web search, and
+    short base instructions (README shows the same flags)."""
+    instructions = scratch / "instructions.md"
+    instructions.parent.mkdir(parents=True, exist_ok=True)
+    instructions.write_text(INSTRUCTIONS)
+    return ["--disable", "multi_agent", "--disable", "goals", "-c", 'web_search="disabled"',
+            "-c", f"model_instructions_file={instructions}"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = clis.serve(str(smollm_path), tmp_path_factory.mktemp("logs") / "codex-smollm.log")
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = clis.serve(TOOL_MODEL, optional=True, log=tmp_path_factory.mktemp("logs") / "codex-tools.log")
+    yield server
+    server.close()
+
+
+def items(run: clis.Run, kind: str) -> list[dict[str, Any]]:
+    return [e["item"] for e in run.of_type("item.completed") if e["item"]["type"] == kind]
+
+
+def test_default_request_is_accepted_and_too_long_for_an_8k_model(
+    smollm: ServerProcess, tmp_path: Path
+) -> None:
+    run = clis.codex(smollm.url, tmp_path, "say hi")
+    [failed] = run.of_type("turn.failed")
+    assert run.rc == 1 and "ran out of room in the model's context window" in failed["error"]["message"]
+    lines = [ln for ln in smollm.log().splitlines() if "route=/v1/responses " in ln]
+    assert lines and all("status=400" in ln and "error=context_too_long" in ln for ln in lines)
+
+
+def test_lean_settings_complete_a_turn_on_smollm2(smollm: ServerProcess, tmp_path: Path) -> None:
+    run = clis.codex(smollm.url, tmp_path, "say hi", *lean(tmp_path))
+    assert run.rc == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    [message] = items(run, "agent_message")
+    assert message["text"].strip()
+    [done] = run.of_type("turn.completed")
+    assert done["usage"]["input_tokens"] > 0 and done["usage"]["output_tokens"] > 0
+
+
+def test_calls_its_shell_tool_and_gets_the_result_back(tool_model: ServerProcess, tmp_path: Path) -> None:
+    prompt = f"Run the shell command `echo {MARKER}` and tell me what it printed."
+    run = clis.codex(tool_model.url, tmp_path, prompt, *lean(tmp_path))
+    commands = items(run, "command_execution")
+    assert commands and MARKER in commands[0]["command"], run.stdout[-3000:]
+    assert MARKER in commands[0]["aggregated_output"] and commands[0]["exit_code"] == 0
+    assert run.rc == 0 and items(run, "agent_message"), run.stdout[-3000:]
+
+
+@pytest.mark.skipif(not SLOW, reason="~10k tokens of prefill: minutes on a CPU (MLX_SERVE_E2E_SLOW=1)")
+def test_default_settings_complete_a_turn(tool_model: ServerProcess, tmp_path: Path) -> None:
+    run = clis.codex(tool_model.url, tmp_path, "say hi", timeout_s=3600)
+    assert run.rc == 0 and items(run, "agent_message"), run.stdout[-3000:]
