@@ -375,12 +375,6 @@ def test_fuzzed_bodies_get_no_5xx_and_their_routes_envelope(
     healthy(loop, app)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocols/structured.py:129 _call_rule assumes `x-guidance` is an "
-    "object: a string or list there with a forcing tool_choice raises TypeError (a bare 500); "
-    "protocols/* belongs to issue 14",
-)
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
 def test_a_non_object_x_guidance_with_a_forced_tool_choice_is_a_400(
     server: tuple[asyncio.AbstractEventLoop, App], path: str
