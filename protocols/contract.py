@@ -66,6 +66,9 @@ class ProtocolContext:
     created: int
     # The longest prompt + answer a request may use (the memory plan's); None: not known.
     context_length: int | None = None
+    # Who is asking: a digest of the API key the request carried ("" on a server without keys).
+    # Stored responses are kept per principal: one key cannot read or continue another's.
+    principal: str = ""
 
     def room_after(self, prompt_tokens: int) -> int:
         """What an answer may run to when the request sets no limit: the context that remains

@@ -31,6 +31,7 @@ from protocols.contract import (
     Send,
     WireFormat,
 )
+from server.auth import PRINCIPAL_KEY
 from server.body import read_body
 from server.config import Config
 from server.connections import OVER_CAPACITY, ConnectionLimit
@@ -209,7 +210,7 @@ class App:
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._read_body(scope, receive)
         status, out = await asyncio.to_thread(
-            _nesting_bounded, anthropic_messages.count_tokens, body, self.context()
+            _nesting_bounded, anthropic_messages.count_tokens, body, self.context(scope)
         )
         await send_json(send, status, out)
 
@@ -217,7 +218,7 @@ class App:
         """POST /v1/responses/compact: the conversation summarised by the model, as one
         compaction item after the user's messages."""
         body = await self._read_body(scope, receive)
-        ctx = self.context()
+        ctx = self.context(scope)
         job = await asyncio.to_thread(_nesting_bounded, self.responses.compact_job, body, ctx)
         self._check_model(job.model)
         validate_call([job.request], self._limits, RESPONSES_NAMES)
@@ -230,9 +231,10 @@ class App:
     async def stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
         response_id = scope["path_params"]["response_id"]
         if scope["method"] == "DELETE":
-            status, body = self.responses.delete(response_id)
+            status, body = self.responses.delete(response_id, _principal(scope))
         else:
-            status, body = self.responses.retrieve(response_id, scope.get("query_string", b""))
+            query = scope.get("query_string", b"")
+            status, body = self.responses.retrieve(response_id, query, _principal(scope))
         await send_json(send, status, body)
 
     # -- generation ---------------------------------------------------------------------
@@ -250,7 +252,7 @@ class App:
         self, fmt: WireFormat, names: Mapping[str, str], scope: Scope, receive: Receive, send: Send
     ) -> None:
         body = await self._read_body(scope, receive)
-        ctx = self.context()
+        ctx = self.context(scope)
         # Decoding, templating, tokenizing and validating are CPU work: off the event loop.
         job, requests = await asyncio.to_thread(self._parse, fmt, names, body, ctx)
         self._check_model(job.model)
@@ -280,7 +282,7 @@ class App:
         if not names.accepts(name):
             raise NotFound(names.refusal(name), param="model")
 
-    def context(self) -> ProtocolContext:
+    def context(self, scope: Scope | None = None) -> ProtocolContext:
         model = self.engine.model
         if self._ctx is None:
             if not self.engine.ready or model is None:
@@ -291,7 +293,11 @@ class App:
                 model.model_id, model.tokenizer, defaults, self.created, model.context_length
             )
             self._limits = Limits(model.tokenizer.vocab_size, model.context_length)
-        return replace(self._ctx, created=int(time.time()))
+        return replace(self._ctx, created=int(time.time()), principal=_principal(scope or {}))
+
+
+def _principal(scope: Scope) -> str:
+    return str(scope.get(PRINCIPAL_KEY, ""))
 
 
 def _speaks_anthropic(scope: Scope) -> bool:
