@@ -199,7 +199,7 @@ class ProcessEngine(EngineClient):
             self.state, self.error = EngineState.READY, None
         elif isinstance(message, LoadFailed):
             self.state, self.error = EngineState.FAILED, message.error
-            if message.fatal and self.on_fatal is not None:
+            if (message.fatal or not self.restartable) and self.on_fatal is not None:
                 self.on_fatal(message.error)
 
     def _on_death(self, child: _Child, exitcode: int | None) -> None:
