@@ -20,6 +20,7 @@ import os
 import platform
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from bench.load import LoadSpec, run_level
@@ -36,6 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, required=True, help="an mlx-lm model folder")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--concurrency", default="1,4")
+    p.add_argument("--rounds", type=int, default=1, help="run every contestant this many times, in turn")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--requests-per-level", type=int, default=None, help="K (default 2C, at least 2)")
     p.add_argument("--mlx-serve-args", default="", help="extra flags for every contestant")
@@ -122,15 +124,20 @@ def main(argv: list[str] | None = None) -> None:
         f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; model {args.model}; max_tokens {args.max_tokens}"
     )
     results: dict[str, list[LevelSummary]] = {}
-    for mode in args.modes.split(","):
-        server = start(mode, args.model, args.mlx_serve_args.split(), args.log_dir, args.launcher)
-        try:
-            results[mode] = asyncio.run(measure(server, levels, args, book))
-        finally:
-            stop_server(server)
-            for follower in FOLLOWERS:
-                follower.wait(60)
-        print(f"{mode}: done (log {server.log_path})", flush=True)
+    for round_ in range(1, args.rounds + 1):  # contestants alternate: a shared machine's load drifts
+        for mode in args.modes.split(","):
+            name = mode if args.rounds == 1 else f"{mode}#{round_}"  # single#2 pairs with tensor#2
+            load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+            server = start(mode, args.model, args.mlx_serve_args.split(), args.log_dir, args.launcher)
+            try:
+                results[name] = [
+                    replace(x, server=name) for x in asyncio.run(measure(server, levels, args, book))
+                ]
+            finally:
+                stop_server(server)
+                for follower in FOLLOWERS:
+                    follower.wait(60)
+            print(f"{name}: done (load average before it {load}; log {server.log_path})", flush=True)
     report(results, levels)
     if args.json is not None:
         args.json.write_text(json.dumps({m: [s.__dict__ for s in r] for m, r in results.items()}, indent=1))
@@ -146,11 +153,11 @@ def report(results: dict[str, list[LevelSummary]], levels: list[int]) -> None:
                 f"{s.wall_s:>7.1f}"
             )
             print("".join(f"   error: {e}\n" for e in s.error_samples), end="")
-        single = results.get("single")
-        for mode, r in results.items():
-            if mode != "single" and single is not None and single[i].aggregate_tps:
+        for name, r in results.items():
+            single = results.get(name.replace("tensor", "single").replace("pipeline", "single"))
+            if not name.startswith("single") and single is not None and single[i].aggregate_tps:
                 print(
-                    f"   {mode} / single aggregate tok/s: {r[i].aggregate_tps / single[i].aggregate_tps:.2f}x"
+                    f"   {name} / single aggregate tok/s: {r[i].aggregate_tps / single[i].aggregate_tps:.2f}x"
                 )
 
 

@@ -176,3 +176,10 @@ def test_killed_follower_turns_health_503_with_the_reason(model: Path, tmp_path:
         assert g.procs[0].wait(60) == 1  # after the grace, rank 0 exits for its service manager
     finally:
         g.close()
+
+
+def test_model_that_cannot_be_split_is_refused_at_start_by_name(smollm_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError) as failed:
+        ShardedGroup(["--model", str(smollm_path), "--shard", "tensor", *ARGS], tmp_path, ready_timeout_s=180)
+    assert "attention heads 9, KV heads 3" in str(failed.value)  # SmolLM2-135M: 9 heads do not halve
+    assert "mlx-serve: cannot serve" in str(failed.value)
