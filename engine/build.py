@@ -39,7 +39,7 @@ def tool_call_parsers() -> list[str]:
 class EngineSettings:
     """The engine's knobs, picklable so a child process can rebuild the same engine."""
 
-    max_running: int = 32
+    max_running: int | None = None  # rows decoded together; None: what the memory plan fits (≤256)
     max_prefilling: int = 8
     token_budget: int = 2048
     max_waiting: int = 64
@@ -55,11 +55,15 @@ class EngineSettings:
     )
     draft_spec: ModelSpec | None = None
     tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
+    warmup: bool = True  # compile the usual kernel shapes before reporting ready (GPU only)
 
     @property
     def capacity(self) -> int:
-        """Calls that may be in flight at once: running rows plus the waiting queue."""
-        return self.max_running + self.max_waiting
+        """Calls that may be in flight at once: running rows plus the waiting queue (until the
+        engine reports its memory plan, whose rows then size the Gate: `Gate.size`)."""
+        from engine.admission import MAX_ROWS_FROM_MEMORY
+
+        return (self.max_running or MAX_ROWS_FROM_MEMORY) + self.max_waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +116,7 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
             draft = load_draft(loaded, settings.draft_spec) if settings.draft_spec is not None else None
             return make_core(loaded, counters, settings, specs[0].adapter_path, draft)
 
-        return ThreadEngine(load, make, capacity=settings.capacity)
+        return ThreadEngine(load, make, capacity=settings.capacity, waiting=settings.max_waiting)
 
     def prepare() -> ChildPlan:
         from engine.loader import load_tokenizer
@@ -120,7 +124,7 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
         spec = source.model_spec()
         return ChildPlan(spec.model_id, load_and_build, (spec, settings), lambda: load_tokenizer(spec))
 
-    return ProcessEngine(prepare, capacity=settings.capacity)
+    return ProcessEngine(prepare, capacity=settings.capacity, waiting=settings.max_waiting)
 
 
 def make_core(
@@ -131,7 +135,7 @@ def make_core(
     draft: LoadedModel | None = None,
 ) -> Core:
     """Plan memory (raises InsufficientMemory when nothing fits), then build the core."""
-    from engine.admission import plan_memory, weights_bytes
+    from engine.admission import MAX_ROWS_FROM_MEMORY, MemoryPlan, plan_memory, plan_rows, weights_bytes
     from engine.prefix_cache import PrefixCache
     from engine.runner import BatchRunner, Speculation
     from engine.scheduler import Scheduler, SchedulerConfig
@@ -139,18 +143,26 @@ def make_core(
     budget = settings.memory_budget_bytes
     if draft is not None and budget is not None:
         budget -= 2 * weights_bytes(draft.model)  # the draft's weights, and as much again for its KV
-    plan = plan_memory(
-        loaded.model,
-        budget_bytes=budget,
-        prefill_step_size=settings.token_budget,
-        max_context=settings.max_context,
-        max_running=settings.max_running,
-        draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0,
-    )
-    log.info("%s", plan.describe())
+    draft_tokens = settings.num_draft_tokens if settings.draft_kind else 0
+
+    def plan_for(rows: int) -> MemoryPlan:
+        return plan_memory(
+            loaded.model,
+            budget_bytes=budget,
+            prefill_step_size=settings.token_budget,
+            max_context=settings.max_context,
+            max_running=rows,
+            draft_tokens=draft_tokens,
+        )
+
+    if settings.max_running is not None:
+        plan = plan_for(settings.max_running)
+    else:  # every decode row takes 1 + γ tokens of the step's budget
+        plan = plan_rows(plan_for, min(MAX_ROWS_FROM_MEMORY, settings.token_budget // (1 + draft_tokens)))
+    log.info("%s; %d rows decoded together", plan.describe(), plan.max_running)
     sched = Scheduler(
         SchedulerConfig(
-            max_running=settings.max_running,
+            max_running=plan.max_running,
             max_prefilling=settings.max_prefilling,
             token_budget=settings.token_budget,
             kv_capacity_tokens=plan.kv_capacity_tokens,
@@ -174,6 +186,10 @@ def make_core(
     )
     core = Core(sched, runner, loaded.tokenizer, counters, prefix, settings.tool_call_parser)
     core.memory_plan = plan
+    if settings.warmup:
+        from engine.warmup import warm_up
+
+        warm_up(loaded.model, sched.config, plan.shape.vocab)
     return core
 
 

@@ -87,8 +87,10 @@ class _Child:
 class ProcessEngine(EngineClient):
     """The model in a restartable child process; the tokenizer stays here for the protocols."""
 
-    def __init__(self, prepare: Callable[[], ChildPlan], capacity: int = 1 << 30) -> None:
-        super().__init__(capacity)
+    def __init__(
+        self, prepare: Callable[[], ChildPlan], capacity: int = 1 << 30, waiting: int | None = None
+    ) -> None:
+        super().__init__(capacity, waiting)
         self._prepare = prepare
         self._plan: ChildPlan | None = None
         self._tokenizer: Any = None

@@ -46,7 +46,9 @@ def engine_settings(config: Config) -> EngineSettings:
     from engine.build import EngineSettings
 
     return EngineSettings(
-        max_running=min(config.decode_concurrency, config.prefill_step_size),
+        max_running=(
+            min(config.decode_concurrency, config.prefill_step_size) if config.decode_concurrency else None
+        ),
         max_prefilling=config.prompt_concurrency,
         token_budget=config.prefill_step_size,
         max_waiting=config.max_queue,
@@ -59,6 +61,7 @@ def engine_settings(config: Config) -> EngineSettings:
         num_draft_tokens=config.num_draft_tokens,
         speculation_gated=config.speculation_gate == "auto",
         tool_call_parser=config.tool_call_parser,
+        warmup=config.warmup,
     )
 
 
