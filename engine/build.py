@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.client import EngineClient
 from engine.core import Core
 from engine.loader import LoadedModel, ModelSpec, load_model
 from engine.types import Counters
+
+if TYPE_CHECKING:
+    from engine.admission import MemoryPlan
 
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the server's and the engine's
@@ -127,18 +130,12 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
     return ProcessEngine(prepare, capacity=settings.capacity, waiting=settings.max_waiting)
 
 
-def make_core(
-    loaded: LoadedModel,
-    counters: Counters,
-    settings: EngineSettings,
-    adapter_path: str | None = None,
-    draft: LoadedModel | None = None,
-) -> Core:
-    """Plan memory (raises InsufficientMemory when nothing fits), then build the core."""
-    from engine.admission import MAX_ROWS_FROM_MEMORY, MemoryPlan, plan_memory, plan_rows, weights_bytes
-    from engine.prefix_cache import PrefixCache
-    from engine.runner import BatchRunner, Speculation
-    from engine.scheduler import Scheduler, SchedulerConfig
+def plan_engine_memory(
+    loaded: LoadedModel, settings: EngineSettings, draft: LoadedModel | None
+) -> MemoryPlan:
+    """The memory plan for these settings; with no --decode-concurrency, for as many rows as it
+    fits (up to 256, and as many as one step's token budget decodes at 1 + γ tokens a row)."""
+    from engine.admission import MAX_ROWS_FROM_MEMORY, plan_memory, plan_rows, weights_bytes
 
     budget = settings.memory_budget_bytes
     if draft is not None and budget is not None:
@@ -156,9 +153,23 @@ def make_core(
         )
 
     if settings.max_running is not None:
-        plan = plan_for(settings.max_running)
-    else:  # every decode row takes 1 + γ tokens of the step's budget
-        plan = plan_rows(plan_for, min(MAX_ROWS_FROM_MEMORY, settings.token_budget // (1 + draft_tokens)))
+        return plan_for(settings.max_running)
+    return plan_rows(plan_for, min(MAX_ROWS_FROM_MEMORY, settings.token_budget // (1 + draft_tokens)))
+
+
+def make_core(
+    loaded: LoadedModel,
+    counters: Counters,
+    settings: EngineSettings,
+    adapter_path: str | None = None,
+    draft: LoadedModel | None = None,
+) -> Core:
+    """Plan memory (raises InsufficientMemory when nothing fits), then build the core."""
+    from engine.prefix_cache import PrefixCache
+    from engine.runner import BatchRunner, Speculation
+    from engine.scheduler import Scheduler, SchedulerConfig
+
+    plan = plan_engine_memory(loaded, settings, draft)
     log.info("%s; %d rows decoded together", plan.describe(), plan.max_running)
     sched = Scheduler(
         SchedulerConfig(
