@@ -21,12 +21,17 @@ cold() {  # name, kernel cache folder, extra server flags
   python3 -m bench.trace_summary /tmp/cold.jsonl 2>&1 | tee -a "$out/h200-speed-cold16-$1$tag.txt"
   grep -h "warm-up\|rows decoded" /tmp/logs-cold-$1/mlx-serve.log | tee -a "$out/h200-speed-cold16-$1$tag.txt"
 }
-cold fresh /tmp/ptx-cold$tag "${COLD_ARGS:-}"
-cold disk /tmp/ptx-cold$tag "${COLD_ARGS:-}"
+if [ -z "${NO_COLD:-}" ]; then
+  cold fresh /tmp/ptx-cold$tag "${COLD_ARGS:-}"
+  cold disk /tmp/ptx-cold$tag "${COLD_ARGS:-}"
+fi
 [ -n "${NOWARM:-}" ] && cold fresh-nowarmup /tmp/ptx-nowarm$tag --no-warmup
 [ -n "${SHAPES:-}" ] && MLX_PTX_CACHE_DIR=/tmp/ptx-shapes$tag python3 -m bench.cold_shapes --model $m 2>&1 | tee "$out/h200-speed-shapes$tag.txt"
-python3 -m bench.serve_compare --model $m --servers ${SERVERS:-mlx-serve,mlx_lm} --concurrency 1,16,64 --direct-runs 3 \
-  --mlx-serve-args="${SERVE_ARGS:-}" --log-dir /tmp/logs 2>&1 | tee "$out/h200-speed-serve$tag.txt"
+for r in $(seq 1 ${ROUNDS:-1}); do  # ROUNDS=N: N rounds of the side-by-side comparison
+  suffix=$([ "${ROUNDS:-1}" = 1 ] && echo "" || echo "-round$r")
+  python3 -m bench.serve_compare --model $m --servers ${SERVERS:-mlx-serve,mlx_lm} --concurrency 1,16,64 --direct-runs 3 \
+    --mlx-serve-args="${SERVE_ARGS:-}" --log-dir /tmp/logs 2>&1 | tee "$out/h200-speed-serve$tag$suffix.txt"
+done
 python3 - > /tmp/prompts.json <<'PY'
 import json
 from pathlib import Path
@@ -42,4 +47,4 @@ if [ -n "${PROFILE:-}" ]; then
   echo "== MLX_USE_CUDA_GRAPHS=0" | tee -a "$out/h200-speed-steps$tag.txt"
   MLX_USE_CUDA_GRAPHS=0 python3 -m bench.step_profile --model $m --clients 64 2>&1 | tee -a "$out/h200-speed-steps$tag.txt"
 fi
-grep -h "memory:\|warm-up" /tmp/logs/mlx-serve.log >> "$out/h200-speed-serve$tag.txt"
+grep -h "memory:\|warm-up" /tmp/logs/mlx-serve.log >> "$out/h200-speed-serve$tag${suffix:-}.txt"
