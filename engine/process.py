@@ -91,9 +91,10 @@ class ProcessEngine(EngineClient):
         self,
         prepare: Callable[[], ChildPlan],
         capacity: int = 1 << 30,
+        waiting: int | None = None,
         restartable: bool = True,  # False: a rank of a sharded group (engine.shard), which restarts whole
     ) -> None:
-        super().__init__(capacity)
+        super().__init__(capacity, waiting)
         self._prepare = prepare
         self.restartable = restartable
         self._plan: ChildPlan | None = None

@@ -52,7 +52,9 @@ def engine_settings(config: Config) -> EngineSettings:
     from engine.build import EngineSettings
 
     return EngineSettings(
-        max_running=min(config.decode_concurrency, config.prefill_step_size),
+        max_running=(
+            min(config.decode_concurrency, config.prefill_step_size) if config.decode_concurrency else None
+        ),
         max_prefilling=config.prompt_concurrency,
         token_budget=config.prefill_step_size,
         max_waiting=config.max_queue,
@@ -66,6 +68,7 @@ def engine_settings(config: Config) -> EngineSettings:
         speculation_gated=config.speculation_gate == "auto",
         tool_call_parser=config.tool_call_parser,
         shard=config.shard,
+        warmup=config.warmup,
     )
 
 

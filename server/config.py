@@ -42,7 +42,8 @@ class Config:
     log_level: str = "INFO"
     trust_remote_code: bool = False
     allowed_origins: list[str] = field(default_factory=list)
-    decode_concurrency: int = 32
+    warmup: bool = True
+    decode_concurrency: int | None = None  # None: what the memory plan fits, up to 256
     prompt_concurrency: int = 8
     prefill_step_size: int = 2048
     max_queue: int = 64
@@ -139,7 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--log-level", type=str.upper, choices=LOG_LEVELS)
     a("--trust-remote-code", action="store_true", help="allow code from the model repo")
     a("--allowed-origins", type=_origins, help="comma-separated CORS origins (default: CORS off)")
-    a("--decode-concurrency", type=int, help="rows decoded together (32)")
+    a("--decode-concurrency", type=int, help="rows decoded together (default: what memory fits, up to 256)")
+    a(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="skip compiling the usual kernel shapes at start (GPU backends; a CPU compiles nothing)",
+    )
     a("--prompt-concurrency", type=int, help="prompts prefilled together (8)")
     a("--prefill-step-size", type=int, help="prefill chunk in tokens, and the per-step token budget (2048)")
     a("--max-queue", type=int, help="requests allowed to wait for a batch slot before 429 (64)")

@@ -129,12 +129,14 @@ class MemoryAgreement:
 
     def agree(self, plan: MemoryPlan) -> MemoryPlan:
         per_token = plan.kv.per_token + plan.kv.window_per_token
-        rows = gather_ints(self.group, [plan.kv_capacity_tokens, plan.context_limit, per_token])
+        mine = [plan.kv_capacity_tokens, plan.context_limit, per_token, plan.max_running]
+        rows = gather_ints(self.group, mine)
         self.kv_leader, self.kv_self = rows[0][2], per_token
         least = replace(
             plan,
             kv_capacity_tokens=min(r[0] for r in rows),
             context_limit=min(r[1] for r in rows),
+            max_running=min(r[3] for r in rows),  # every rank's batch holds the same rows
         )
         print(
             f"  sharded over {len(rows)} ranks: rank {self.group.rank()} holds weights "
