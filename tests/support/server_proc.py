@@ -43,12 +43,14 @@ class ServerProcess:
     """Starts `python -m server ARGS`, waits for /health 200, and stops it on close()."""
 
     def __init__(self, args: list[str], log_path: Path, *, env: dict[str, str] | None = None,
-                 ready_timeout_s: float = 300.0) -> None:
+                 ready_timeout_s: float = 300.0, bare: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         # The names the tests' clients send, as aliases a user would give (README: model names).
-        aliases = [] if "--served-model-name" in args else [a for n in TEST_NAMES for a in ("--served-model-name", n)]
+        # `bare=True` starts it exactly as given (no aliases), as a user's plain `mlx-serve` would be.
+        given = bare or "--served-model-name" in args
+        aliases = [] if given else [a for n in TEST_NAMES for a in ("--served-model-name", n)]
         cmd = [sys.executable, "-m", "server", "--port", str(self.port), *aliases, *args]
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
