@@ -198,7 +198,9 @@ def _thinking(reasoning: ReasoningConfig | None) -> bool | None:
 
 
 def _sampling(ctx: ProtocolContext, req: ResponsesBody) -> SamplingParams:
-    sampling = conv.sampling(ctx, req.temperature, req.top_p, req.top_k, req.min_p)
+    sampling = conv.sampling(
+        ctx, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p
+    )
     return replace(
         sampling, presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0
     )

@@ -13,7 +13,7 @@ import orjson
 
 from engine.client import EngineClient, EngineState
 from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
-from engine.types import Request
+from engine.types import Request, SamplingParams
 from engine.validation import Limits, validate_call
 from protocols import anthropic_messages, openai_chat, openai_completions, openai_responses
 from protocols.contract import (
@@ -288,7 +288,8 @@ class App:
             if not self.engine.ready or model is None:
                 raise EngineUnavailable(f"model is {self.engine.state.value}; try again shortly")
             c = self.config
-            defaults = Defaults(c.temp, c.top_p, c.top_k, c.min_p, c.max_tokens, c.chat_template_args)
+            server_sampling = SamplingParams(temperature=c.temp, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p)
+            defaults = Defaults(server_sampling, c.max_tokens, c.chat_template_args)
             self._ctx = ProtocolContext(
                 model.model_id, model.tokenizer, defaults, self.created, model.context_length
             )
