@@ -4,6 +4,8 @@
 
 Loads the model with `mlx_lm.load`, applies the chat template to each prompt's messages, and
 times `stream_generate` (greedy): warm-up runs first, then timed runs, one prompt each in turn.
+`--batch 16,64` also times mlx-lm's `batch_generate` at each B (B prompts from the list, reused
+round-robin; one warm-up call at that B first, then `--runs` timed calls; its decode tok/s).
 Also records the machine: platform, CPU count, MLX device and the BLAS libraries mapped in.
 """
 
@@ -96,6 +98,37 @@ def run_direct(
     return {"load_s": load_s, "runs": [asdict(r) for r in results]}
 
 
+def run_batched(
+    model_dir: Path, prompts: list[list[dict[str, str]]], max_tokens: int, runs: int, sizes: list[int]
+) -> dict[str, Any]:
+    """mlx-lm `batch_generate` decode tok/s at each B, warmed at that B first."""
+    from mlx_lm import batch_generate, load
+
+    model, tokenizer = load(str(model_dir))[:2]
+    token_lists = [
+        list(tokenizer.apply_chat_template(m, add_generation_prompt=True))  # type: ignore[no-untyped-call]
+        for m in prompts
+    ]
+    out: dict[str, Any] = {}
+    for b in sizes:
+        batch = [token_lists[i % len(token_lists)] for i in range(b)]
+        kwargs = {"completion_batch_size": b, "prefill_batch_size": min(b, 8)}
+        batch_generate(model, tokenizer, batch, max_tokens=max_tokens, **kwargs)
+        tps = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            stats = batch_generate(model, tokenizer, batch, max_tokens=max_tokens, **kwargs).stats
+            tps.append(
+                {
+                    "generation_tps": stats.generation_tps,
+                    "wall_s": time.perf_counter() - start,
+                    "generation_tokens": stats.generation_tokens,
+                }
+            )
+        out[str(b)] = tps
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -105,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup-runs", type=int, default=1)
+    parser.add_argument("--batch", default="", help="comma-separated B for batch_generate")
     parser.add_argument("--info-only", action="store_true", help="only report the machine")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -112,6 +146,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.info_only:
         prompts = json.loads(args.prompts.read_text())
         result |= run_direct(args.model, prompts, args.max_tokens, args.runs, args.warmup_runs)
+        if args.batch:
+            sizes = [int(b) for b in args.batch.split(",")]
+            result["batch"] = run_batched(args.model, prompts, args.max_tokens, args.runs, sizes)
+            for b, rs in result["batch"].items():
+                print(
+                    f"batch_generate B={b}: " + ", ".join(f"{r['generation_tps']:.0f}" for r in rs) + " tok/s"
+                )
         result["machine"] = machine_info()  # BLAS libraries are mapped once MLX has run
     args.out.write_text(json.dumps(result, indent=1))
 

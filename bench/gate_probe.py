@@ -45,7 +45,7 @@ def main() -> None:
     runner, plain_runner = BatchRunner(model, speculation=spec), BatchRunner(model)
     decisions: list[bool] = []
     timed: list[tuple[bool, int, float]] = []
-    gate = runner._gate  # noqa: SLF001 - a diagnostic looks inside
+    gate = runner._gate
     choose, record = gate.choose, gate.record
 
     def watched_choose(rows: int) -> bool:
@@ -76,7 +76,7 @@ def main() -> None:
               f"timed: speculating {len(sp)} steps at {rate(sp):.0f} tok/s, plain {len(pl)} at {rate(pl):.0f}; "
               f"untimed share of wall {untimed:.2f}", flush=True)
         print("  gate tok/s by (bucket, speculating):",
-              {key: round(v) for key, v in sorted(gate._rate.items())}, flush=True)  # noqa: SLF001
+              {key: round(v) for key, v in sorted(gate._rate.items())}, flush=True)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ import sys
 import time
 
 from bench.speculation import Request, SamplingParams, Speculation, load, prompts, run
-from engine.speculation import verify as S
 from engine.runner import BatchRunner
+from engine.speculation import verify as S
 
 
 def main() -> None:

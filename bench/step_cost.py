@@ -22,10 +22,10 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, dynamic_roll
 
 from bench.speculation import load_as_served
-from engine.speculation.cut_cache import cut_rows
-from engine.speculation.drafting import Draft
 from engine.runner import BatchRunner
 from engine.scheduler import Scheduler, SchedulerConfig
+from engine.speculation.cut_cache import cut_rows
+from engine.speculation.drafting import Draft
 from engine.types import Request, SamplingParams
 
 
@@ -83,7 +83,7 @@ def main() -> None:
     model, tokenizer = load_as_served(args.model)
     eos = frozenset(tokenizer.eos_token_ids)
     runner = filled_runner(model, args.rows, args.context, eos)
-    gen: Any = runner._gen  # noqa: SLF001 - a diagnostic looks inside
+    gen: Any = runner._gen
     k, rng = args.width - 1, random.Random(1)
 
     def plain() -> None:

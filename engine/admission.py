@@ -243,6 +243,30 @@ def plan_memory(
     )
 
 
+MAX_ROWS_FROM_MEMORY = 256  # the default decode batch's ceiling when the memory plan sizes it
+ROW_SHARE_TOKENS = 4096  # the KV a row is counted for when the plan sizes the batch
+
+
+def rows_that_fit(plan: MemoryPlan, cap: int = MAX_ROWS_FROM_MEMORY) -> int:
+    """Rows the KV capacity holds at each row's fair share (4,096 tokens, or the context if
+    less), capped. More rows than this still run (the aggregate KV budget makes a request
+    wait, never evicts one); this only sizes the default batch."""
+    share = max(1, min(plan.context_limit, ROW_SHARE_TOKENS))
+    return max(1, min(cap, plan.kv_capacity_tokens // share))
+
+
+def plan_rows(plan_for: Callable[[int], MemoryPlan], cap: int = MAX_ROWS_FROM_MEMORY) -> MemoryPlan:
+    """The plan for as many rows as fit (`rows_that_fit`, ≤ cap). Every row charges fixed costs,
+    so a small budget may not plan `cap` rows at all: then half as many are tried."""
+    rows = cap
+    while rows > 1:
+        try:
+            return plan_for(rows_that_fit(plan_for(rows), rows))
+        except InsufficientMemory:
+            rows //= 2
+    return plan_for(1)
+
+
 def _kv_capacity(free: int, kv: KvCost, rows: int) -> int:
     """Aggregate tokens that fit in `free` bytes; both views of windowed layers are upper bounds."""
     if free < 0:

@@ -7,22 +7,43 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.client import EngineClient
 from engine.core import Core
 from engine.loader import LoadedModel, ModelSpec, load_model
 from engine.types import Counters
 
+if TYPE_CHECKING:
+    from engine.admission import MemoryPlan
+    from engine.shard.group import MemoryAgreement
+
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the server's and the engine's
 log = logging.getLogger("mlx_serve.engine")
+
+
+def prepare_process(blas: str) -> None:
+    """Before MLX is imported: the attention choice, then the BLAS (which may re-exec us)."""
+    from engine.backend import prefer_shape_free_attention
+    from engine.blas import reexec_with_blas
+
+    prefer_shape_free_attention()  # before the BLAS re-exec, which passes the environment on
+    reexec_with_blas(blas)
+
+
+def tool_call_parsers() -> list[str]:
+    """The tool-call markup families --tool-call-parser may name."""
+    from engine.tools.formats import parser_names
+
+    return list(parser_names())
 
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     """The engine's knobs, picklable so a child process can rebuild the same engine."""
 
-    max_running: int = 32
+    max_running: int | None = None  # rows decoded together; None: what the memory plan fits (≤256)
     max_prefilling: int = 8
     token_budget: int = 2048
     max_waiting: int = 64
@@ -38,11 +59,16 @@ class EngineSettings:
     )
     draft_spec: ModelSpec | None = None
     tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
+    shard: str | None = None  # "tensor" or "pipeline": one model over an mlx.launch group (engine.shard)
+    warmup: bool = True  # compile the usual kernel shapes before reporting ready (GPU only)
 
     @property
     def capacity(self) -> int:
-        """Calls that may be in flight at once: running rows plus the waiting queue."""
-        return self.max_running + self.max_waiting
+        """Calls that may be in flight at once: running rows plus the waiting queue (until the
+        engine reports its memory plan, whose rows then size the Gate: `Gate.size`)."""
+        from engine.admission import MAX_ROWS_FROM_MEMORY
+
+        return (self.max_running or MAX_ROWS_FROM_MEMORY) + self.max_waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +106,12 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
     """The engine the server talks to: nothing is loaded until its `start()`."""
     from dataclasses import replace
 
-    from engine.process import ProcessEngine
+    from engine.process import ChildPlan, ProcessEngine
     from engine.thread import ThreadEngine
 
     settings = replace(settings, draft_spec=source.draft_spec())
+    if settings.shard is not None and source.host == "thread":
+        raise ValueError("a sharded engine runs in its own process (engine.shard); --engine thread cannot")
     if source.host == "thread":
         specs: list[ModelSpec] = []  # resolved on the engine thread, like the weights
 
@@ -95,16 +123,47 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
             draft = load_draft(loaded, settings.draft_spec) if settings.draft_spec is not None else None
             return make_core(loaded, counters, settings, specs[0].adapter_path, draft)
 
-        return ThreadEngine(load, make, capacity=settings.capacity)
+        return ThreadEngine(load, make, capacity=settings.capacity, waiting=settings.max_waiting)
 
-    def prepare() -> tuple[Any, tuple[Any, ...]]:
+    def prepare() -> ChildPlan:
         from engine.loader import load_tokenizer
 
         spec = source.model_spec()
-        view = LoadedModel(model=None, tokenizer=load_tokenizer(spec), model_id=spec.model_id, path=spec.path)
-        return view, (load_and_build, (spec, settings))
+        return ChildPlan(spec.model_id, load_and_build, (spec, settings), lambda: load_tokenizer(spec))
 
-    return ProcessEngine(prepare, capacity=settings.capacity)
+    return ProcessEngine(
+        prepare,
+        capacity=settings.capacity,
+        waiting=settings.max_waiting,
+        restartable=settings.shard is None,
+    )
+
+
+def plan_engine_memory(
+    loaded: LoadedModel, settings: EngineSettings, draft: LoadedModel | None
+) -> MemoryPlan:
+    """The memory plan for these settings; with no --decode-concurrency, for as many rows as it
+    fits (up to 256, and as many as one step's token budget decodes at 1 + γ tokens a row)."""
+    from engine.admission import MAX_ROWS_FROM_MEMORY, plan_memory, plan_rows, weights_bytes
+
+    budget = settings.memory_budget_bytes
+    if draft is not None and budget is not None:
+        budget -= 2 * weights_bytes(draft.model)  # the draft's weights, and as much again for its KV
+    draft_tokens = settings.num_draft_tokens if settings.draft_kind else 0
+
+    def plan_for(rows: int) -> MemoryPlan:
+        return plan_memory(
+            loaded.model,
+            budget_bytes=budget,
+            prefill_step_size=settings.token_budget,
+            max_context=settings.max_context,
+            max_running=rows,
+            draft_tokens=draft_tokens,
+        )
+
+    if settings.max_running is not None:
+        return plan_for(settings.max_running)
+    return plan_rows(plan_for, min(MAX_ROWS_FROM_MEMORY, settings.token_budget // (1 + draft_tokens)))
 
 
 def make_core(
@@ -113,40 +172,33 @@ def make_core(
     settings: EngineSettings,
     adapter_path: str | None = None,
     draft: LoadedModel | None = None,
+    shard: MemoryAgreement | None = None,
 ) -> Core:
-    """Plan memory (raises InsufficientMemory when nothing fits), then build the core."""
-    from engine.admission import plan_memory, weights_bytes
+    """Plan memory (raises InsufficientMemory when nothing fits), then build the core.
+    `shard` (a sharded rank) makes the plan the group's and scales the prefix cache to this rank."""
     from engine.prefix_cache import PrefixCache
     from engine.runner import BatchRunner, Speculation
     from engine.scheduler import Scheduler, SchedulerConfig
 
-    budget = settings.memory_budget_bytes
-    if draft is not None and budget is not None:
-        budget -= 2 * weights_bytes(draft.model)  # the draft's weights, and as much again for its KV
-    plan = plan_memory(
-        loaded.model,
-        budget_bytes=budget,
-        prefill_step_size=settings.token_budget,
-        max_context=settings.max_context,
-        max_running=settings.max_running,
-        draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0,
-    )
-    log.info("%s", plan.describe())
+    plan = plan_engine_memory(loaded, settings, draft)
+    if shard is not None:
+        plan = shard.agree(plan)
+    log.info("%s; %d rows decoded together", plan.describe(), plan.max_running)
     sched = Scheduler(
         SchedulerConfig(
-            max_running=settings.max_running,
+            max_running=plan.max_running,
             max_prefilling=settings.max_prefilling,
             token_budget=settings.token_budget,
-            max_waiting=settings.max_waiting,
             kv_capacity_tokens=plan.kv_capacity_tokens,
             draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0,
         ),
         frozenset(loaded.tokenizer.eos_token_ids),
     )
+    prefix_bytes = settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES
     prefix = PrefixCache(
         f"{loaded.model_id}|{adapter_path or ''}",
         max_entries=settings.prompt_cache_size,
-        max_bytes=settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES,
+        max_bytes=shard.prefix_bytes(prefix_bytes) if shard is not None else prefix_bytes,
     )
     speculation = Speculation(
         settings.draft_kind,
@@ -159,6 +211,10 @@ def make_core(
     )
     core = Core(sched, runner, loaded.tokenizer, counters, prefix, settings.tool_call_parser)
     core.memory_plan = plan
+    if settings.warmup and shard is None:  # a sharded group's ranks would have to warm up in step
+        from engine.warmup import warm_up
+
+        warm_up(loaded.model, sched.config, plan.shape.vocab)
     return core
 
 
@@ -167,6 +223,11 @@ def load_and_build(
 ) -> tuple[Core, dict[str, Any]]:
     """The engine process's whole start: load weights, build the core, describe the setup."""
     import mlx.core as mx
+
+    if settings.shard is not None:
+        from engine.shard.leader import load_and_build_leader
+
+        return load_and_build_leader(counters, spec, settings)
 
     if settings.seed is not None:
         mx.random.seed(settings.seed)

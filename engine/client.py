@@ -38,10 +38,17 @@ class Gate:
     (max_tokens clamped to the context, or ContextTooLong) and the bound on calls in flight
     (running plus waiting: QueueFull, answered 429 with Retry-After)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, waiting: int | None = None) -> None:
         self.capacity = capacity
+        self.waiting = waiting  # the queue's bound; None: `capacity` is fixed
         self.inflight = 0
         self.plan: MemoryPlan | None = None
+
+    def size(self, plan: MemoryPlan | None) -> None:
+        """Take the engine's plan: admission by its context, capacity = its rows + the queue."""
+        self.plan = plan
+        if plan is not None and self.waiting is not None:
+            self.capacity = plan.max_running + self.waiting
 
     def admit(self, requests: Sequence[Request]) -> tuple[list[Request], list[str]]:
         out, warnings = list(requests), []
@@ -159,8 +166,8 @@ class ModelInfo:
 class EngineClient(abc.ABC):
     """The server's one handle on the engine (see the module docstring)."""
 
-    def __init__(self, capacity: int) -> None:
-        self.gate = Gate(capacity)
+    def __init__(self, capacity: int, waiting: int | None = None) -> None:
+        self.gate = Gate(capacity, waiting)
         self.state = EngineState.LOADING
         self.error: str | None = None
         self.model: ModelInfo | None = None
@@ -214,6 +221,6 @@ class EngineClient(abc.ABC):
 
     def _loaded(self, model_id: str, tokenizer: Any, plan: MemoryPlan | None) -> None:
         """Record what was loaded: the facts for the protocols and the plan for admission."""
-        self.gate.plan = plan
+        self.gate.size(plan)
         context = plan.context_limit if plan is not None else None
-        self.model = ModelInfo(model_id, ChatTokenizer(tokenizer), context)
+        self.model = ModelInfo(model_id, ChatTokenizer(tokenizer, context), context)

@@ -7,7 +7,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from engine.errors import EngineFailed, ServeError
@@ -188,7 +188,7 @@ class Core:
                     break
                 if item is None:
                     return
-                self._accept(item)
+                self._accept_guarded(item)
                 block = False
             self._reap_aborted()
             if self.scheduler.has_work:
@@ -202,6 +202,16 @@ class Core:
         if cap:
             held = sum(s.num_computed + s.num_generated for s in (*sched.prefilling, *sched.decoding))
             c.kv_cache_usage_perc = round(held / cap, 6)
+
+    def _accept_guarded(self, ticket: Ticket) -> None:
+        try:
+            self._accept(ticket)
+        except Exception as exc:  # a bug for this request alone: it fails, the loop serves on
+            log.exception("accepting request %s failed", ticket.request.id)
+            self.tickets.pop(ticket.request.id, None)
+            self.scheduler.abort(ticket.request.id)
+            ticket.emit(EngineFailed(f"generation failed: {type(exc).__name__}: {exc}"))
+            self.counters.requests_failed += 1
 
     def _accept(self, ticket: Ticket) -> None:
         if ticket.aborted.is_set():
@@ -230,7 +240,10 @@ class Core:
 
     def _reap_aborted(self) -> None:
         for seq_id in [s for s, t in self.tickets.items() if t.aborted.is_set()]:
-            self.scheduler.abort(seq_id)
+            try:
+                self.scheduler.abort(seq_id)
+            except Exception:  # never let one row's bookkeeping take the loop down
+                log.exception("dropping aborted request %s failed", seq_id)
             self._drop(seq_id)
             self.counters.requests_aborted += 1
 
@@ -245,7 +258,10 @@ class Core:
         started = time.perf_counter()
         plan = self.scheduler.schedule()
         for seq_id in plan.admitted:
-            self._start(seq_id, started)
+            self._start_guarded(seq_id, started)
+        live = tuple(c for c in plan.prefill if c.seq_id in self.texts)
+        if len(live) != len(plan.prefill):
+            plan = replace(plan, prefill=live)  # a row that failed to start takes no step
         out = self.runner.step(plan)
         took = round(time.perf_counter() - started, 6)
         for chunk in plan.prefill:
@@ -255,8 +271,34 @@ class Core:
             self.counters.spec_decode_num_drafts += 1
             self.counters.spec_decode_num_draft_tokens += drafted
             self.counters.spec_decode_num_accepted_tokens += accepted
+        for seq_id, why in out.failed.items():
+            self._fail_row(seq_id, why)
         for update in self.scheduler.update(plan, out):
+            self._deliver_guarded(update)
+
+    def _start_guarded(self, seq_id: str, now: float) -> None:
+        try:
+            self._start(seq_id, now)
+        except Exception as exc:
+            log.exception("starting request %s failed (only it is ended)", seq_id)
+            self.texts.pop(seq_id, None)
+            self._fail_row(seq_id, f"{type(exc).__name__}: {exc}")
+
+    def _deliver_guarded(self, update: TokenUpdate) -> None:
+        try:
             self._deliver(update)
+        except Exception as exc:  # detokenizing, stop strings, tool-call parsing: this row's own
+            log.exception("delivering a token of request %s failed (only it is ended)", update.seq_id)
+            self._fail_row(update.seq_id, f"{type(exc).__name__}: {exc}")
+
+    def _fail_row(self, seq_id: str, why: str) -> None:
+        """End one request with an error; the batch and every other row carry on."""
+        self.scheduler.abort(seq_id)  # its runner row is released next step (if it is not gone)
+        ticket = self.tickets.get(seq_id)
+        if ticket is not None:
+            ticket.emit(EngineFailed(f"generation failed: {why}"))
+            self.counters.requests_failed += 1
+        self._drop(seq_id)
 
     def _start(self, seq_id: str, now: float) -> None:
         if (clock := self.clocks.get(seq_id)) is not None:
@@ -326,11 +368,15 @@ class Core:
         self._constraints.pop(seq_id, None)
 
     def _fail_all(self, exc: ServeError) -> None:
-        """Fail every request the runner held; those still waiting keep their place."""
-        for seq_id in list(self.texts):
-            self.scheduler.abort(seq_id)
-            self.tickets[seq_id].emit(exc)
-            self.counters.requests_failed += 1
+        """A fault no row can be blamed for: fail every request the runner held (whether or
+        not its row had started), rebuild the runner; those still waiting keep their place."""
+        sched = self.scheduler
+        held = [s.id for s in (*sched.prefilling, *sched.decoding)]
+        for seq_id in dict.fromkeys([*held, *self.texts]):
+            sched.abort(seq_id)
+            if (ticket := self.tickets.get(seq_id)) is not None:
+                ticket.emit(exc)
+                self.counters.requests_failed += 1
             self._drop(seq_id)
-        self.scheduler.take_releases()  # the runner is rebuilt below, rows and all
+        sched.take_releases()  # the runner is rebuilt below, rows and all
         self.runner.reset()

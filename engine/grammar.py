@@ -9,11 +9,12 @@ row ends with `stop`.
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import TYPE_CHECKING, cast
+from copy import copy
+from typing import TYPE_CHECKING, Any, cast
 
 import llguidance
-import llguidance.hf
 import mlx.core as mx
 import numpy as np
 
@@ -33,7 +34,7 @@ class GrammarTokenizer:
         # mlx-lm's wrapper holds the HF tokenizer
         hf = cast("PreTrainedTokenizerFast", getattr(wrapper, "_tokenizer", wrapper))
         # Every id the scheduler ends a row on: a complete grammar allows exactly those.
-        self.ll = llguidance.hf.from_tokenizer(hf, eos_token=sorted(wrapper.eos_token_ids))
+        self.ll = llguidance.LLTokenizer(grammar_view(hf), eos_token=sorted(wrapper.eos_token_ids))
 
     def constraint(self, grammar: str) -> Constraint:
         """A fresh matcher for one row; a grammar llguidance refuses is an InvalidRequest."""
@@ -101,3 +102,29 @@ class Constraint:
         if width != allowed.size:  # the model's vocabulary may be padded past the tokenizer's
             allowed = np.pad(allowed[:width], (0, max(0, width - allowed.size)))
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+
+def grammar_view(hf: Any) -> str:
+    """The tokenizer's JSON as llguidance should read it.
+
+    llguidance takes every added token for a special one, whose bytes grammar text never
+    matches, yet tokenizes forced grammar text with added tokens matched: Qwen's non-special
+    `<tool_call>` was forced by a tool-call grammar and then refused when sampled, ending the
+    row. A non-special added token spelled in plain ASCII is moved into the vocabulary, where it
+    is the text it decodes to.
+    """
+    backend = copy(hf.backend_tokenizer)
+    backend.no_padding()
+    backend.no_truncation()
+    data = json.loads(backend.to_str())
+    vocab = data.get("model", {}).get("vocab")
+    if isinstance(vocab, dict):
+        plain = [t for t in data["added_tokens"] if not t["special"] and _plain_ascii(t["content"])]
+        vocab.update({t["content"]: t["id"] for t in plain})
+        data["added_tokens"] = [t for t in data["added_tokens"] if t not in plain]
+    return json.dumps(data)
+
+
+def _plain_ascii(text: str) -> bool:
+    # spelled the same in a byte-level and a SentencePiece vocabulary
+    return text.isascii() and text.isprintable() and " " not in text

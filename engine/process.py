@@ -19,13 +19,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.build import LOG_FORMAT
 from engine.client import EngineClient, EngineState, RequestStream
 from engine.core import Ticket
 from engine.errors import EngineFailed, ServeError
 from engine.types import Counters, Event, Finished, Request
 
 log = logging.getLogger("mlx_serve.engine")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,17 @@ class LoadFailed:
     error: str
 
 
+@dataclass(frozen=True, slots=True)
+class ChildPlan:
+    """How to start the engine process: the child builds its core with `build(counters, *args)`
+    while this process loads the tokenizer the protocols need (the two overlap at start-up)."""
+
+    model_id: str
+    build: Callable[..., Any]
+    build_args: tuple[Any, ...]
+    load_tokenizer: Callable[[], Any]
+
+
 @dataclass(slots=True)
 class _Child:
     process: Any
@@ -76,11 +87,19 @@ class _Child:
 class ProcessEngine(EngineClient):
     """The model in a restartable child process; the tokenizer stays here for the protocols."""
 
-    def __init__(self, prepare: Callable[[], tuple[Any, tuple[Any, ...]]], capacity: int = 1 << 30) -> None:
-        super().__init__(capacity)
+    def __init__(
+        self,
+        prepare: Callable[[], ChildPlan],
+        capacity: int = 1 << 30,
+        waiting: int | None = None,
+        restartable: bool = True,  # False: a rank of a sharded group (engine.shard), which restarts whole
+    ) -> None:
+        super().__init__(capacity, waiting)
         self._prepare = prepare
-        self._prepared: Any = None  # model_id and tokenizer, known before the child is up
-        self._child_args: tuple[Any, ...] = ()
+        self.restartable = restartable
+        self._plan: ChildPlan | None = None
+        self._tokenizer: Any = None
+        self._ready_info: dict[str, Any] | None = None  # the child is up; the tokenizer may not be
         self.restarts = 0
         self.info: dict[str, Any] = {}
         self._child: _Child | None = None
@@ -94,19 +113,32 @@ class ProcessEngine(EngineClient):
         return self._child.pid if self._child else 0
 
     def start(self) -> None:
-        """Find/convert the model and load the tokenizer off the loop, then spawn the child."""
+        """Find/convert the model off the loop, spawn the child, and load the tokenizer here
+        while the child loads the weights."""
         self._loop = asyncio.get_running_loop()
         threading.Thread(target=self._prepare_then_spawn, name="engine-prepare", daemon=True).start()
 
     def _prepare_then_spawn(self) -> None:
-        assert self._loop is not None
         try:
-            self._prepared, self._child_args = self._prepare()
+            self._plan = self._prepare()
+            self._hand_over(self._spawn)
+            tokenizer = self._plan.load_tokenizer()
         except Exception as exc:
             log.debug("model preparation failed", exc_info=True)
             self._hand_over(self._load_failed, f"cannot load the model: {type(exc).__name__}: {exc}")
             return
-        self._loop.call_soon_threadsafe(self._spawn)
+        self._hand_over(self._tokenizer_loaded, tokenizer)
+
+    def _tokenizer_loaded(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._maybe_ready()
+
+    def _maybe_ready(self) -> None:
+        if self._tokenizer is None or self._ready_info is None or self.state is EngineState.FAILED:
+            return
+        assert self._plan is not None
+        self._loaded(self._plan.model_id, self._tokenizer, self._ready_info.get("memory_plan"))
+        self.state, self.error = EngineState.READY, None
 
     def _load_failed(self, error: str) -> None:
         """Nothing to serve: a restart cannot fix a model that does not load or fit."""
@@ -117,11 +149,14 @@ class ProcessEngine(EngineClient):
             log.error("%s", error)
 
     def _spawn(self) -> None:
+        plan = self._plan
+        if plan is None or self._stopping:
+            return
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(
             target=serve_child,
-            args=(child, *self._child_args, logging.getLogger().getEffectiveLevel()),
+            args=(child, plan.build, plan.build_args, logging.getLogger().getEffectiveLevel()),
             name="mlx-serve-engine",
             daemon=True,
         )
@@ -209,19 +244,30 @@ class ProcessEngine(EngineClient):
             if waiter is not None and not waiter.done():
                 waiter.set_result(message.counters)
         elif isinstance(message, Ready):
-            child.pid, self.info = message.pid, message.info
-            self._loaded(self._prepared.model_id, self._prepared.tokenizer, message.info.get("memory_plan"))
-            self.state, self.error = EngineState.READY, None
+            child.pid, self.info, self._ready_info = message.pid, message.info, message.info
+            self._maybe_ready()
         elif isinstance(message, LoadFailed):
             self._load_failed(message.error)
 
     def _on_death(self, child: _Child, exitcode: int | None) -> None:
+        message = f"the engine process died (exit code {exitcode}); it is restarting"
+        if not self.restartable:  # one rank of a group cannot rejoin it: the group restarts whole
+            from engine.shard import group_lost_message
+
+            shard = self.info.get("shard") or {}
+            message = group_lost_message(exitcode, shard.get("mode", ""), shard.get("size", 0))
         for request_id, stream in child.streams.items():
-            stream.push(
-                request_id, EngineFailed(f"the engine process died (exit code {exitcode}); it is restarting")
-            )
+            stream.push(request_id, EngineFailed(message))
         child.streams.clear()
         if self._stopping or child is not self._child or self.state is EngineState.FAILED:
+            return
+        if not self.restartable:
+            from engine.shard import GROUP_LOST_GRACE_S
+
+            log.error("%s", message)
+            self.state, self.error = EngineState.FAILED, message
+            if self.on_fatal is not None and self._loop is not None:  # /health says 503 a while, then exit
+                self._loop.call_later(GROUP_LOST_GRACE_S, self.on_fatal, message)
             return
         log.error("engine process %s died with exit code %s; restarting", child.pid, exitcode)
         self.restarts += 1

@@ -30,8 +30,9 @@ from engine.mlx_boundary import (
     make_prompt_cache,
 )
 from engine.prefix_cache import PrefixCache
+from engine.row_guard import RowFaults, fenced_processor, fenced_sampler
 from engine.sampling import make_row_processors, make_row_sampler
-from engine.scheduler import StepOutput, StepPlan, TokenLogprobs
+from engine.scheduler import PrefillChunk, StepOutput, StepPlan, TokenLogprobs
 from engine.speculation.drafting import (
     TYPICAL_ACCEPTANCE,
     Draft,
@@ -121,6 +122,7 @@ class BatchRunner:
         self._prompts: dict[str, PromptProcessingBatch] = {}
         self._gen = empty_batch(model, self._draft_rows)
         self._no_stops = StopSequences()
+        self._faults = RowFaults()
 
     def admit(
         self,
@@ -129,26 +131,29 @@ class BatchRunner:
         num_cached: int = 0,
         constraint: LogitsProcessor | None = None,
     ) -> None:
-        """Queue a row for prefill; `constraint` (its grammar) masks its logits after the rest."""
+        """Queue a row for prefill; `constraint` (its grammar) masks its logits after the rest.
+        Nothing is kept when it raises: the row was never admitted."""
         uid = next(self._uids)
-        self._uid_of[request.id], self._seq_of[uid] = uid, request.id
-        self._requests[request.id] = request
         processors = make_row_processors(request.sampling)
         if constraint is not None:
             processors.append(constraint)
-        self._prompts[request.id] = PromptProcessingBatch(
+        prompt = PromptProcessingBatch(
             self.model,
             [uid],
             [cache if cache is not None else make_prompt_cache(self.model)],
             tokens=[list(request.prompt_tokens[:num_cached])],
             prefill_step_size=self.prefill_step_size,
-            samplers=[make_row_sampler(request.sampling)],
+            samplers=[fenced_sampler(make_row_sampler(request.sampling), uid, self._faults)],
             fallback_sampler=greedy_sampler,
-            logits_processors=[processors],
+            logits_processors=[[fenced_processor(p, uid, self._faults) for p in processors]],
             stop_sequences=[self._no_stops],
             max_tokens=[NO_LIMIT],
         )
-        if (row := self._row_speculation(request)) is not None:
+        row = self._row_speculation(request)
+        self._uid_of[request.id], self._seq_of[uid] = uid, request.id
+        self._requests[request.id] = request
+        self._prompts[request.id] = prompt
+        if row is not None:
             self._spec[request.id] = row
 
     def _row_speculation(self, request: Request) -> RowSpeculation | None:
@@ -173,22 +178,12 @@ class BatchRunner:
     def step(self, plan: StepPlan) -> StepOutput:
         with mx.stream(generation_stream):
             self._release(plan.release)
-            finals: list[tuple[PromptProcessingBatch, list[int]]] = []
-            for chunk in plan.prefill:
-                tokens = list(self._requests[chunk.seq_id].prompt_tokens[chunk.start : chunk.end])
-                batch = self._prompts[chunk.seq_id]
-                if not chunk.final:
-                    batch.prompt([tokens])
-                    continue
-                if self._requests[chunk.seq_id].share_prompt:
-                    tokens = self._leave_prompt(batch, tokens)
-                finals.append((batch, tokens))
-                del self._prompts[chunk.seq_id]
+            finals = self._prefill(plan.prefill)
             if finals:
                 self._join(finals)
             rows = len(self._gen)
             if rows == 0:
-                return StepOutput({})
+                return self._settled(StepOutput({}))
             allowed = self._gate_open(rows, bool(plan.prefill)) if self._spec else None
             drafts = self._drafts() if allowed else None
             if drafts is None:
@@ -200,7 +195,41 @@ class BatchRunner:
             else:
                 out = self._speculate(*drafts)
             self._measure(rows, allowed, out, clean=not plan.prefill)
+            return self._settled(out)
+
+    def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> list[tuple[PromptProcessingBatch, list[int]]]:
+        """Each row's prompt chunk, alone; the rows whose last chunk this is, to join decoding.
+        A row whose chunk raises is recorded as failed and prefills no further."""
+        finals: list[tuple[PromptProcessingBatch, list[int]]] = []
+        for chunk in chunks:
+            request, batch = self._requests[chunk.seq_id], self._prompts[chunk.seq_id]
+            tokens = list(request.prompt_tokens[chunk.start : chunk.end])
+            try:
+                if not chunk.final:
+                    batch.prompt([tokens])
+                    continue
+                if request.share_prompt:
+                    tokens = self._leave_prompt(batch, tokens)
+            except Exception as exc:  # noqa: BLE001 - recorded and logged: the row fails alone
+                self._faults.record(batch.uids[0], exc, "prompt processing")
+                continue
+            finals.append((batch, tokens))
+            del self._prompts[chunk.seq_id]
+        return finals
+
+    def _settled(self, out: StepOutput) -> StepOutput:
+        """The step's output less the rows that faulted in it, which leave the batch now."""
+        faults = self._faults.take()
+        failed = {self._seq_of[uid]: why for uid, why in faults.items() if uid in self._seq_of}
+        if not failed:
             return out
+        self._release(tuple(failed), store=False)
+        return StepOutput(
+            {s: t for s, t in out.tokens.items() if s not in failed},
+            {s: lp for s, lp in out.logprobs.items() if s not in failed},
+            {s: n for s, n in out.speculation.items() if s not in failed},
+            failed,
+        )
 
     def _gate_open(self, rows: int, prefill: bool) -> bool:
         """Whether rows may speculate this step. Gated, a step that carries prefill runs plain:
@@ -239,12 +268,20 @@ class BatchRunner:
                 drafts.append(None)
                 model_k.append(row.k if self._draft_rows is not None and self._draft_rows.live[e] else 0)
             else:
-                d = row.drafter.draft(self._gen.tokens[e], self._gen.pending(e), row.k)
-                drafts.append(d if d.tokens else None)
+                d = self._draft(row, e, uid)
+                drafts.append(d if d is not None and d.tokens else None)
                 model_k.append(0)
         if all(d is None for d in drafts) and max(model_k) == 0:
             return None
         return drafts, (model_k if self._draft_rows is not None and max(model_k) > 0 else None)
+
+    def _draft(self, row: RowSpeculation, e: int, uid: int) -> Draft | None:
+        assert row.drafter is not None
+        try:
+            return row.drafter.draft(self._gen.tokens[e], self._gen.pending(e), row.k)
+        except Exception as exc:  # noqa: BLE001 - recorded and logged: the row fails alone
+            self._faults.record(uid, exc, "drafting")
+            return None
 
     def _speculate(self, drafts: list[Draft | None], model_k: list[int] | None) -> StepOutput:
         results = self._gen.speculate(drafts, model_k)
@@ -318,7 +355,7 @@ class BatchRunner:
             self.prefix_cache.store(list(batch.tokens[0]), batch.extract_cache(0))
         return tokens[-1:]
 
-    def _release(self, seq_ids: tuple[str, ...]) -> None:
+    def _release(self, seq_ids: tuple[str, ...], store: bool = True) -> None:
         gone = {self._uid_of.pop(s) for s in seq_ids if s in self._uid_of}
         if not gone:
             return
@@ -331,7 +368,7 @@ class BatchRunner:
         keep = [i for i, uid in enumerate(self._gen.uids) if uid not in gone]
         if len(keep) == len(self._gen.uids):
             return
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and store:
             for i, uid in enumerate(self._gen.uids):
                 if uid in gone:
                     self.prefix_cache.store(list(self._gen.tokens[i]), self._gen.extract_cache(i))

@@ -6,7 +6,9 @@ in the KV cache; waiting sequences are admitted FIFO while there is a prefill sl
 slot and KV room for their whole prompt plus max_tokens. A sequence joins decoding the step its
 last prompt chunk is computed, and leaves the step it finishes or is aborted, so nobody waits
 for a batch to form and a running stream stalls by at most one chunk. A request is never
-evicted for room: it waits until room frees up.
+evicted for room: it waits until room frees up. How many may wait is not decided here: the
+engine client's Gate bounds running plus waiting before a request is accepted (429 before any
+byte), so a request the scheduler is given always runs.
 
 Drive it as `plan = schedule()`, `out = runner.step(plan)`, `updates = update(plan, out)`.
 """
@@ -19,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.errors import ContextTooLong, InvalidRequest, QueueFull
+from engine.errors import ContextTooLong, InvalidRequest
 from engine.types import FinishReason, Request
 
 
@@ -30,7 +32,7 @@ class SeqState(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity: lists of them are searched with remove()
 class Sequence:
     request: Request
     order: int
@@ -89,6 +91,8 @@ class StepOutput:
     logprobs: dict[str, TokenLogprobs | list[TokenLogprobs]] = field(default_factory=dict)
     # Speculating rows: (draft tokens verified, draft tokens accepted) this step.
     speculation: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Rows whose own part of the step raised (why): the runner has dropped them; they fail alone.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +112,6 @@ class SchedulerConfig:
     max_running: int = 32
     max_prefilling: int = 8
     token_budget: int = 2048
-    max_waiting: int = 64
     kv_capacity_tokens: int | None = None
     draft_tokens: int = 0  # a decoding row may verify this many draft tokens a step, on the budget
 
@@ -150,8 +153,6 @@ class Scheduler:
                 f"the prompt ({len(request.prompt_tokens)} tokens) plus max_tokens ({request.max_tokens}) "
                 f"can never fit the KV budget of {self.config.kv_capacity_tokens} tokens"
             )
-        if len(self.waiting) >= self.config.max_waiting:
-            raise QueueFull(f"the waiting queue is full ({self.config.max_waiting} requests)")
         seq = Sequence(request, next(self._orders))
         self.waiting.append(seq)
         self._by_id[seq.id] = seq

@@ -29,8 +29,9 @@ class ThreadEngine(EngineClient):
         loader: Callable[[], LoadedModel],
         make_core: Callable[[LoadedModel, Counters], Core],
         capacity: int = 1 << 30,
+        waiting: int | None = None,
     ) -> None:
-        super().__init__(capacity)
+        super().__init__(capacity, waiting)
         self._loader = loader
         self._make_core = make_core
         self._inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()

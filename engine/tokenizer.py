@@ -8,6 +8,8 @@ from typing import Any
 
 from jinja2 import Environment, TemplateError, meta
 
+from engine import templating
+
 # How a model whose chat template knows no tools learns of them: a system section in the hermes
 # markup the engine parses when the template names no other (engine.tools.formats.HERMES).
 TOOLS_HEADER = (
@@ -25,10 +27,12 @@ TOOLS_FOOTER = (
 
 
 class ChatTokenizer:
-    """Wraps mlx-lm's TokenizerWrapper; pure CPU work, safe to call on the event loop."""
+    """Wraps mlx-lm's TokenizerWrapper. Pure CPU work, bounded (engine.templating): call it off
+    the event loop. A prompt past `max_prompt_tokens` is refused with ContextTooLong."""
 
-    def __init__(self, wrapper: Any) -> None:
+    def __init__(self, wrapper: Any, max_prompt_tokens: int | None = None) -> None:
         self._wrapper = wrapper
+        self.max_prompt_tokens = max_prompt_tokens
 
     @property
     def wrapper(self) -> Any:
@@ -58,7 +62,7 @@ class ChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Raw text prompt: BOS added when the tokenizer's config says so."""
-        return list(self._wrapper.encode(text))
+        return templating.encode_within(self._wrapper, text, self.max_prompt_tokens)
 
     def encode_continuation(self, text: str) -> list[int]:
         """Text that continues a sequence (a predicted output): no BOS or other special tokens."""
@@ -76,20 +80,16 @@ class ChatTokenizer:
         """Apply the chat template (with a generation prompt) and tokenize.
 
         A template without tool support still gets the tools (see `supports_tools`).
-        Raises ValueError with the template's own message when it rejects the conversation.
+        Raises ValueError with the template's own message when it rejects the conversation
+        (or runs past its bounds); only template variables of `template_kwargs` reach it.
         """
         kwargs = dict(template_kwargs or {})  # the protocols merge the server's defaults in
         if not self.supports_tools:
             messages, tools = with_tools_described(messages, tools), None
         if not self.has_chat_template:
             return self.encode(_plain_transcript(messages))
-        try:
-            ids = self._wrapper.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=True, **kwargs
-            )
-        except (TemplateError, TypeError, KeyError, IndexError) as exc:
-            raise ValueError(f"chat template failed: {exc}") from exc
-        return list(ids)
+        text = templating.render(self._wrapper, messages, tools, kwargs)
+        return templating.encode_within(self._wrapper, text, self.max_prompt_tokens, add_special_tokens=False)
 
     def detokenizer(self) -> Any:
         """A fresh streaming detokenizer (UTF-8 safe: holds back partial characters)."""

@@ -95,7 +95,7 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> MessagesJob:
     request = Request(
         id=conv.new_id(ID_PREFIX),
         prompt_tokens=tuple(prompt.ids),
-        sampling=conv.sampling(ctx, req.temperature, req.top_p, req.top_k),
+        sampling=conv.sampling(ctx, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k),
         max_tokens=req.max_tokens,
         stop=tuple(req.stop_sequences or ()),
         tools=prompt.tools,

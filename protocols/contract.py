@@ -8,12 +8,12 @@ interfaces, and the HTTP-level errors (the engine's own live in engine.errors).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from engine.errors import ServeError
 from engine.tokenizer import ChatTokenizer
-from engine.types import Delta, Event, Finished, FinishReason, Request, TokenLogprob, Usage
+from engine.types import Delta, Event, Finished, FinishReason, Request, SamplingParams, TokenLogprob, Usage
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -46,14 +46,18 @@ class ClientGone(ServeError):
 
 @dataclass(frozen=True, slots=True)
 class Defaults:
-    """Server-wide defaults a request falls back to (mlx_lm.server's --temp etc.)."""
+    """Server-wide defaults a request falls back to: the engine's sampling defaults with the
+    server's --temp, --top-p, --top-k, --min-p over them, --max-tokens, --chat-template-args."""
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
     chat_template_args: dict[str, Any] | None = None
+
+    def sampling_for(self, **given: Any) -> SamplingParams:
+        """The one resolver: each sampling field the request gave (None: absent) over these
+        defaults, in the engine's conventions (mlx-lm's "off" values top_p 0, top_k -1 → 1.0, 0)."""
+        chosen = replace(self.sampling, **{k: v for k, v in given.items() if v is not None})
+        return replace(chosen, top_p=chosen.top_p if chosen.top_p > 0 else 1.0, top_k=max(chosen.top_k, 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,9 @@ class ProtocolContext:
     created: int
     # The longest prompt + answer a request may use (the memory plan's); None: not known.
     context_length: int | None = None
+    # Who is asking: a digest of the API key the request carried ("" on a server without keys).
+    # Stored responses are kept per principal: one key cannot read or continue another's.
+    principal: str = ""
 
     def room_after(self, prompt_tokens: int) -> int:
         """What an answer may run to when the request sets no limit: the context that remains

@@ -168,19 +168,6 @@ def thinking_kwargs(enabled: bool | None) -> dict[str, Any]:
     return {} if enabled is None else {"enable_thinking": enabled}
 
 
-def sampling(
-    ctx: ProtocolContext,
-    temperature: float | None,
-    top_p: float | None,
-    top_k: int | None = None,
-    min_p: float | None = None,
-) -> SamplingParams:
-    """Request sampling over the server's defaults, in the engine's conventions."""
-    d = ctx.defaults
-    p = d.top_p if top_p is None else top_p
-    return SamplingParams(
-        temperature=d.temperature if temperature is None else temperature,
-        top_p=p if p > 0 else 1.0,
-        top_k=max(d.top_k if top_k is None else top_k, 0),
-        min_p=d.min_p if min_p is None else min_p,
-    )
+def sampling(ctx: ProtocolContext, **given: Any) -> SamplingParams:
+    """Request sampling over the server's defaults (see Defaults.sampling_for)."""
+    return ctx.defaults.sampling_for(**given)

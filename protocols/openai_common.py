@@ -35,7 +35,6 @@ DONE = SseEvent("[DONE]")
 MAX_CHOICES = 16
 MAX_STOP_STRINGS = 16
 
-_ENGINE_DEFAULTS = SamplingParams()
 _ERROR_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING_FIELD = re.compile(r"missing required field `(?P<field>[^`]+)`")
 
@@ -202,20 +201,17 @@ def prediction_tokens(prediction: Any, ctx: ProtocolContext) -> tuple[int, ...] 
 
 def sampling_params(fields: OpenAIFields, ctx: ProtocolContext) -> SamplingParams:
     """Request fields over the server's defaults, normalised to the engine's conventions."""
-    defaults, eng = ctx.defaults, _ENGINE_DEFAULTS
-    top_p = _pick(fields.top_p, defaults.top_p)
-    return SamplingParams(
-        temperature=_pick(fields.temperature, defaults.temperature),
-        # mlx-lm treats top_p 0 and top_k -1 as "off"; the engine knows only 1.0 and 0.
-        top_p=top_p if top_p > 0 else 1.0,
-        top_k=max(_pick(fields.top_k, defaults.top_k), 0),
-        min_p=_pick(fields.min_p, defaults.min_p),
-        repetition_penalty=_pick(fields.repetition_penalty, eng.repetition_penalty),
-        repetition_context_size=_pick(fields.repetition_context_size, eng.repetition_context_size),
-        presence_penalty=_pick(fields.presence_penalty, eng.presence_penalty),
-        presence_context_size=_pick(fields.presence_context_size, eng.presence_context_size),
-        frequency_penalty=_pick(fields.frequency_penalty, eng.frequency_penalty),
-        frequency_context_size=_pick(fields.frequency_context_size, eng.frequency_context_size),
+    return ctx.defaults.sampling_for(
+        temperature=fields.temperature,
+        top_p=fields.top_p,
+        top_k=fields.top_k,
+        min_p=fields.min_p,
+        repetition_penalty=fields.repetition_penalty,
+        repetition_context_size=fields.repetition_context_size,
+        presence_penalty=fields.presence_penalty,
+        presence_context_size=fields.presence_context_size,
+        frequency_penalty=fields.frequency_penalty,
+        frequency_context_size=fields.frequency_context_size,
         logit_bias=logit_bias(fields.logit_bias, ctx.tokenizer.vocab_size),
         seed=fields.seed,
     )

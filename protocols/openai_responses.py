@@ -198,7 +198,9 @@ def _thinking(reasoning: ReasoningConfig | None) -> bool | None:
 
 
 def _sampling(ctx: ProtocolContext, req: ResponsesBody) -> SamplingParams:
-    sampling = conv.sampling(ctx, req.temperature, req.top_p, req.top_k, req.min_p)
+    sampling = conv.sampling(
+        ctx, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p
+    )
     return replace(
         sampling, presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0
     )
@@ -260,7 +262,7 @@ class OpenAIResponses:
         """Decode, validate and render one Responses request; ServeError 400/404 on a fault."""
         req = common.decode(_DECODER, body)
         _check_supported(req)
-        history, new_input = self._conversation(req.previous_response_id, req.input)
+        history, new_input = self._conversation(req.previous_response_id, req.input, ctx.principal)
         tools = toolset(req.tools)
         choice = tool_choice(req.tool_choice, tools)
         template = tools.template if choice.mode != "none" else []
@@ -288,31 +290,32 @@ class OpenAIResponses:
             store=req.store is not False,
             tools=tools,
             keep_reasoning=KEEP_REASONING in (req.include or ()),
+            owner=ctx.principal,
         )
 
     def _conversation(
-        self, previous_id: str | None, raw: str | list[dict[str, Any]] | None
+        self, previous_id: str | None, raw: str | list[dict[str, Any]] | None, owner: str
     ) -> tuple[tuple[InputItem, ...], tuple[InputItem, ...]]:
-        history = self._history(previous_id)
-        new_input = tuple(self._resolved(item, i) for i, item in enumerate(input_items(raw)))
+        history = self._history(previous_id, owner)
+        new_input = tuple(self._resolved(item, i, owner) for i, item in enumerate(input_items(raw)))
         if not history and not new_input:
             raise InvalidRequest("`input` is required", param="input")
         return history, new_input
 
-    def _history(self, previous_id: str | None) -> tuple[InputItem, ...]:
+    def _history(self, previous_id: str | None, owner: str) -> tuple[InputItem, ...]:
         if previous_id is None:
             return ()
-        stored = self.store.get(previous_id)
+        stored = self.store.get(previous_id, owner)
         if stored is None:
             raise NotFound(
                 f"Previous response with id '{previous_id}' not found.", param="previous_response_id"
             )
         return stored.conversation
 
-    def _resolved(self, item: AnyItem, i: int) -> InputItem:
+    def _resolved(self, item: AnyItem, i: int, owner: str) -> InputItem:
         if not isinstance(item, ItemReference):
             return item
-        found = self.store.item(item.id)
+        found = self.store.item(item.id, owner)
         if found is None:
             raise NotFound(f"Item with id '{item.id}' not found.", param=f"input[{i}].id")
         return found
@@ -333,7 +336,7 @@ class OpenAIResponses:
             produced = {item["id"]: as_item(item) for item in output}
             new_items = job.new_input + tuple(produced.values())
             size = len(body) + len(msgspec.json.encode(new_items))
-            self.store.put(job.request.id, body, job.history + new_items, size, produced)
+            self.store.put(job.request.id, body, job.history + new_items, size, produced, job.owner)
         return body
 
     def error_body(self, exc: ServeError) -> bytes:
@@ -344,7 +347,7 @@ class OpenAIResponses:
     def compact_job(self, body: bytes, ctx: ProtocolContext) -> CompactJob:
         """The summary's request for a conversation given or stored (see responses_compact)."""
         req = common.decode(COMPACT_DECODER, body)
-        history, new_input = self._conversation(req.previous_response_id, req.input)
+        history, new_input = self._conversation(req.previous_response_id, req.input, ctx.principal)
         return compact_job(req, history, new_input, ctx)
 
     def compacted(self, job: CompactJob, result: Result, ctx: ProtocolContext) -> bytes:
@@ -352,20 +355,20 @@ class OpenAIResponses:
 
     # -- stored responses -------------------------------------------------------------------------
 
-    def retrieve(self, response_id: str, query: bytes = b"") -> tuple[int, bytes]:
+    def retrieve(self, response_id: str, query: bytes = b"", owner: str = "") -> tuple[int, bytes]:
         """GET /v1/responses/{id}: (status, JSON body)."""
         stream = parse_qs(query.decode("latin-1")).get("stream", ["false"])[-1]
         if stream.lower() == "true":
             exc: ServeError = common.unsupported("stream", "streaming a stored response")
             return exc.status, error_body(exc)
-        stored = self.store.get(response_id)
+        stored = self.store.get(response_id, owner)
         if stored is None:
             return _not_found(response_id)
         return 200, stored.body
 
-    def delete(self, response_id: str) -> tuple[int, bytes]:
+    def delete(self, response_id: str, owner: str = "") -> tuple[int, bytes]:
         """DELETE /v1/responses/{id}: (status, JSON body)."""
-        if not self.store.delete(response_id):
+        if not self.store.delete(response_id, owner):
             return _not_found(response_id)
         return 200, orjson.dumps({"id": response_id, "object": "response.deleted", "deleted": True})
 

@@ -57,7 +57,7 @@ def compact_job(
     request = Request(
         id=conv.new_id(ID_PREFIX),
         prompt_tokens=tuple(ids),
-        sampling=conv.sampling(ctx, None, None),
+        sampling=conv.sampling(ctx),
         max_tokens=min(ctx.defaults.max_tokens, ctx.room_after(len(ids))),
     )
     kept = tuple(_text(i) for i in items if isinstance(i, MessageItem) and i.role == "user")

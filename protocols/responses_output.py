@@ -43,6 +43,7 @@ class ResponsesJob(Job):
     store: bool = True
     tools: Toolset = field(default_factory=Toolset)
     keep_reasoning: bool = False
+    owner: str = ""  # who may read and continue it once stored
 
 
 Remember = Callable[[ResponsesJob, dict[str, Any], list[dict[str, Any]]], bytes]

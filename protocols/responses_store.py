@@ -19,6 +19,7 @@ class StoredResponse:
     size: int
     expires_at: float
     items: Mapping[str, InputItem] = field(default_factory=dict)  # its output items, by id
+    owner: str = ""  # the principal that made it (protocols.contract.ProtocolContext.principal)
 
 
 class ResponsesStore:
@@ -46,27 +47,33 @@ class ResponsesStore:
         conversation: tuple[InputItem, ...],
         size: int,
         items: Mapping[str, InputItem] | None = None,
+        owner: str = "",
     ) -> None:
         if size > self.max_bytes:
             return
-        self.delete(response_id)
-        entry = StoredResponse(body, conversation, size, self._clock() + self.ttl_s, dict(items or {}))
+        self.delete(response_id, owner)
+        expires = self._clock() + self.ttl_s
+        entry = StoredResponse(body, conversation, size, expires, dict(items or {}), owner)
         self._entries[response_id] = entry
         self._item_owner.update(dict.fromkeys(entry.items, response_id))
         self.bytes_used += size
         self._evict()
 
-    def get(self, response_id: str) -> StoredResponse | None:
+    def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
+        """The response, if it is kept and `owner` made it (another's is as good as absent)."""
         self._evict()
-        return self._entries.get(response_id)
+        entry = self._entries.get(response_id)
+        return entry if entry is not None and entry.owner == owner else None
 
-    def item(self, item_id: str) -> InputItem | None:
-        """An output item of a kept response, by its id."""
-        self._evict()
-        owner = self._entries.get(self._item_owner.get(item_id, ""))
-        return None if owner is None else owner.items.get(item_id)
+    def item(self, item_id: str, owner: str = "") -> InputItem | None:
+        """An output item of a kept response of `owner`'s, by its id."""
+        entry = self.get(self._item_owner.get(item_id, ""), owner)
+        return None if entry is None else entry.items.get(item_id)
 
-    def delete(self, response_id: str) -> bool:
+    def delete(self, response_id: str, owner: str = "") -> bool:
+        kept = self._entries.get(response_id)
+        if kept is None or kept.owner != owner:
+            return False
         entry = self._entries.pop(response_id, None)
         if entry is not None:
             self.bytes_used -= entry.size
@@ -83,4 +90,4 @@ class ResponsesStore:
             oldest_id, oldest = next(iter(self._entries.items()))
             if oldest.expires_at > now and self.bytes_used <= self.max_bytes:
                 return
-            self.delete(oldest_id)
+            self.delete(oldest_id, oldest.owner)

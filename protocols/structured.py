@@ -142,5 +142,12 @@ def pick(calls: str | None, output: str | None, param: str) -> tuple[str | None,
 def _call_rule(i: int, function: dict[str, Any]) -> str:
     head = '{"name": ' + json.dumps(function["name"], ensure_ascii=False) + ', "arguments": '
     parameters = function.get("parameters") or NO_PARAMETERS
-    schema = {**parameters, "x-guidance": {**JSON_STYLE, **parameters.get("x-guidance", {})}}
+    guidance = parameters.get("x-guidance", {})
+    if not isinstance(guidance, dict):
+        raise InvalidRequest(
+            f"tool {function['name']!r}: `x-guidance` in its parameters must be an object of llguidance "
+            "options",
+            param="tools",
+        )
+    schema = {**parameters, "x-guidance": {**JSON_STYLE, **guidance}}
     return f'call_{i}: {json.dumps(head)} %json {json.dumps(schema)} "}}"'

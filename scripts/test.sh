@@ -34,6 +34,11 @@ else
   echo "warning: npm not found; the Claude Code and Codex tests are skipped"
 fi
 
+echo "== ruff check, ruff format --check, mypy --strict (server/ protocols/ engine/)"
+.venv/bin/ruff check server protocols engine
+.venv/bin/ruff format --check server protocols engine
+.venv/bin/mypy --strict server protocols engine
+
 # Run on OpenBLAS when it is there, as mlx-serve itself does (the bundled BLAS is 10-25x slower).
 for lib in /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
            /usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0; do

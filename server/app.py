@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import TypeVar
 
 import orjson
 
 from engine.client import EngineClient, EngineState
-from engine.errors import EngineUnavailable, QueueFull, ServeError
-from engine.types import Request
+from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
+from engine.types import Request, SamplingParams
+from engine.validation import Limits, validate_call
 from protocols import anthropic_messages, openai_chat, openai_completions, openai_responses
 from protocols.contract import (
-    ClientGone,
     Defaults,
     ErrorFormat,
     Handler,
@@ -21,7 +24,6 @@ from protocols.contract import (
     Message,
     MethodNotAllowed,
     NotFound,
-    PayloadTooLarge,
     ProtocolContext,
     Receive,
     Route,
@@ -29,7 +31,10 @@ from protocols.contract import (
     Send,
     WireFormat,
 )
+from server.auth import PRINCIPAL_KEY
+from server.body import read_body
 from server.config import Config
+from server.connections import OVER_CAPACITY, ConnectionLimit
 from server.metrics import Metrics
 from server.names import ServedNames
 from server.observe import record_of
@@ -37,9 +42,15 @@ from server.routes import Fit, RouteTable
 from server.writer import collect, send_json, stream_sse
 
 log = logging.getLogger("mlx_serve.http")
+T = TypeVar("T")
 OPENAI_ERRORS: ErrorFormat = openai_chat.FORMAT
 ANTHROPIC_ERRORS: ErrorFormat = anthropic_messages.FORMAT
 RETRY_AFTER_LOADING_S = 5
+# How each format spells the engine fields it names differently (for validation's 400s).
+CHAT_NAMES = {"prompt_tokens": "messages", "logprobs": "top_logprobs"}
+COMPLETION_NAMES = {"prompt_tokens": "prompt"}
+MESSAGES_NAMES = {"prompt_tokens": "messages", "stop": "stop_sequences"}
+RESPONSES_NAMES = {"prompt_tokens": "input", "max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}
 
 
 class App:
@@ -51,6 +62,7 @@ class App:
         self.metrics = metrics or Metrics()
         self.created = int(time.time())
         self._ctx: ProtocolContext | None = None
+        self._limits = Limits(0)
         self.responses = openai_responses.OpenAIResponses(openai_responses.ResponsesStore())
         self.table = RouteTable(self._routes(), OPENAI_ERRORS)
 
@@ -64,13 +76,13 @@ class App:
             Route("GET", "/stats", self.stats, oa, open=metrics_open),
             Route("GET", "/v1/models", self.models, oa),
             Route("GET", "/v1/models/{model_id}", self.model_one, oa),
-            Route("POST", "/v1/chat/completions", gen(openai_chat.FORMAT), oa),
-            Route("POST", "/chat/completions", gen(openai_chat.FORMAT), oa),  # as mlx_lm.server
-            Route("POST", "/v1/completions", gen(openai_completions.FORMAT), oa),
-            Route("POST", "/completions", gen(openai_completions.FORMAT), oa),
-            Route("POST", "/v1/messages", gen(anthropic_messages.FORMAT), an),
+            Route("POST", "/v1/chat/completions", gen(openai_chat.FORMAT, CHAT_NAMES), oa),
+            Route("POST", "/chat/completions", gen(openai_chat.FORMAT, CHAT_NAMES), oa),  # as mlx_lm.server
+            Route("POST", "/v1/completions", gen(openai_completions.FORMAT, COMPLETION_NAMES), oa),
+            Route("POST", "/completions", gen(openai_completions.FORMAT, COMPLETION_NAMES), oa),
+            Route("POST", "/v1/messages", gen(anthropic_messages.FORMAT, MESSAGES_NAMES), an),
             Route("POST", "/v1/messages/count_tokens", self.count_tokens, an),
-            Route("POST", "/v1/responses", gen(self.responses), oa),
+            Route("POST", "/v1/responses", gen(self.responses, RESPONSES_NAMES), oa),
             Route("POST", "/v1/responses/compact", self.compact, oa),
             Route("GET", "/v1/responses/{response_id}", self.stored_response, oa),
             Route("DELETE", "/v1/responses/{response_id}", self.stored_response, oa),
@@ -107,6 +119,8 @@ class App:
         if scope["method"] == "HEAD":
             send = _without_body(send)
         try:
+            if scope.get(OVER_CAPACITY) and not (match.route is not None and match.route.probe):
+                raise ConnectionLimit("the server is at its connection limit; retry shortly")
             if match.fit is Fit.FULL:
                 assert match.route is not None
                 scope["path_params"] = match.params
@@ -127,7 +141,7 @@ class App:
         self, send: Send, fmt: ErrorFormat, exc: ServeError, extra: list[tuple[bytes, bytes]] | None = None
     ) -> None:
         headers = list(extra or [])
-        if isinstance(exc, QueueFull):
+        if isinstance(exc, QueueFull | ConnectionLimit):
             headers.append((b"retry-after", str(exc.retry_after_s).encode()))
         elif isinstance(exc, EngineUnavailable):
             headers.append((b"retry-after", str(RETRY_AFTER_LOADING_S).encode()))
@@ -194,17 +208,20 @@ class App:
         await send_json(send, 200, orjson.dumps(body))
 
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(receive, self.config.max_body_bytes)
-        status, out = anthropic_messages.count_tokens(body, self.context())
+        body = await self._read_body(scope, receive)
+        status, out = await asyncio.to_thread(
+            _nesting_bounded, anthropic_messages.count_tokens, body, self.context(scope)
+        )
         await send_json(send, status, out)
 
     async def compact(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/responses/compact: the conversation summarised by the model, as one
         compaction item after the user's messages."""
-        body = await read_body(receive, self.config.max_body_bytes)
-        ctx = self.context()
-        job = self.responses.compact_job(body, ctx)
+        body = await self._read_body(scope, receive)
+        ctx = self.context(scope)
+        job = await asyncio.to_thread(_nesting_bounded, self.responses.compact_job, body, ctx)
         self._check_model(job.model)
+        validate_call([job.request], self._limits, RESPONSES_NAMES)
         stream = record_of(scope).track(self.engine.submit([job.request]))
         results = await collect(receive, stream)
         if results is not None:
@@ -214,25 +231,32 @@ class App:
     async def stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
         response_id = scope["path_params"]["response_id"]
         if scope["method"] == "DELETE":
-            status, body = self.responses.delete(response_id)
+            status, body = self.responses.delete(response_id, _principal(scope))
         else:
-            status, body = self.responses.retrieve(response_id, scope.get("query_string", b""))
+            query = scope.get("query_string", b"")
+            status, body = self.responses.retrieve(response_id, query, _principal(scope))
         await send_json(send, status, body)
 
     # -- generation ---------------------------------------------------------------------
 
-    def generation(self, fmt: WireFormat) -> Handler:
+    def generation(self, fmt: WireFormat, names: Mapping[str, str]) -> Handler:
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
-            await self._generate(fmt, scope, receive, send)
+            await self._generate(fmt, names, scope, receive, send)
 
         return handle
 
-    async def _generate(self, fmt: WireFormat, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(receive, self.config.max_body_bytes)
-        ctx = self.context()
-        job = fmt.parse(body, ctx)
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        return await read_body(scope, receive, self.config.max_body_bytes, self.config.body_timeout_s)
+
+    async def _generate(
+        self, fmt: WireFormat, names: Mapping[str, str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        body = await self._read_body(scope, receive)
+        ctx = self.context(scope)
+        # Decoding, templating, tokenizing and validating are CPU work: off the event loop.
+        job, requests = await asyncio.to_thread(self._parse, fmt, names, body, ctx)
         self._check_model(job.model)
-        stream = record_of(scope).track(self.engine.submit(choices(job)))
+        stream = record_of(scope).track(self.engine.submit(requests))
         for note in job.warnings:
             log.warning("%s %s: %s", scope["method"], scope["path"], note)
         notes = [(b"warning", w.encode()) for w in (*job.warnings, *stream.warnings)]
@@ -244,22 +268,37 @@ class App:
         if results is not None:
             await send_json(send, 200, fmt.to_json(job, results, ctx), notes)
 
+    def _parse(
+        self, fmt: WireFormat, names: Mapping[str, str], body: bytes, ctx: ProtocolContext
+    ) -> tuple[Job, list[Request]]:
+        """The format's job, its engine requests (one per choice), every field checked."""
+        job = _nesting_bounded(fmt.parse, body, ctx)
+        requests = choices(job)
+        validate_call(requests, self._limits, names)
+        return job, requests
+
     def _check_model(self, name: str) -> None:
         names = self.names()
         if not names.accepts(name):
             raise NotFound(names.refusal(name), param="model")
 
-    def context(self) -> ProtocolContext:
+    def context(self, scope: Scope | None = None) -> ProtocolContext:
         model = self.engine.model
         if self._ctx is None:
             if not self.engine.ready or model is None:
                 raise EngineUnavailable(f"model is {self.engine.state.value}; try again shortly")
             c = self.config
-            defaults = Defaults(c.temp, c.top_p, c.top_k, c.min_p, c.max_tokens, c.chat_template_args)
+            server_sampling = SamplingParams(temperature=c.temp, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p)
+            defaults = Defaults(server_sampling, c.max_tokens, c.chat_template_args)
             self._ctx = ProtocolContext(
                 model.model_id, model.tokenizer, defaults, self.created, model.context_length
             )
-        return replace(self._ctx, created=int(time.time()))
+            self._limits = Limits(model.tokenizer.vocab_size, model.context_length)
+        return replace(self._ctx, created=int(time.time()), principal=_principal(scope or {}))
+
+
+def _principal(scope: Scope) -> str:
+    return str(scope.get(PRINCIPAL_KEY, ""))
 
 
 def _speaks_anthropic(scope: Scope) -> bool:
@@ -307,17 +346,12 @@ def choices(job: Job) -> list[Request]:
     return out
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole request body, or 413 as soon as it passes `limit` bytes."""
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone("client went away while sending its request")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body is over the {limit}-byte limit")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+def _nesting_bounded(parse: Callable[[bytes, ProtocolContext], T], body: bytes, ctx: ProtocolContext) -> T:
+    """A RecursionError while reading a body comes from the client's nesting (msgspec's
+    decoder, or a schema or template walking it): a 400 that says so."""
+    try:
+        return parse(body, ctx)
+    except RecursionError:
+        raise InvalidRequest(
+            "the request nests arrays and objects too deeply (hundreds of levels) to be read"
+        ) from None

@@ -7,6 +7,7 @@ a gap) and the MLX_SERVE_API_KEY environment variable; with none, every route is
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
@@ -20,6 +21,7 @@ from server.routes import RouteTable
 from server.writer import send_json
 
 log = logging.getLogger("mlx_serve.auth")
+PRINCIPAL_KEY = "mlx_serve.principal"  # set in the scope when a request carried an accepted key
 ENV_KEY = "MLX_SERVE_API_KEY"
 
 
@@ -71,9 +73,13 @@ class ApiKeys:
         return bool(self._keys)
 
     def check(self, presented: Iterable[bytes]) -> bool:
+        return self.matching(presented) is not None
+
+    def matching(self, presented: Iterable[bytes]) -> bytes | None:
+        """The accepted key among those presented, or None."""
         # Compare with every key, so the time taken does not say which one matched.
-        matches = [hmac.compare_digest(p, key) for p in presented for key in self._keys]
-        return any(matches)
+        matches = [(p, hmac.compare_digest(p, key)) for p in presented for key in self._keys]
+        return next((p for p, ok in matches if ok), None)
 
 
 class AuthMiddleware:
@@ -102,6 +108,12 @@ class AuthMiddleware:
         if not self.keys or scope["method"] == "OPTIONS":
             return True
         match = self.table.match_scope(scope)
-        if match.route is not None and match.route.open:
-            return True
-        return self.keys.check(presented_keys(scope.get("headers", [])))
+        key = self.keys.matching(presented_keys(scope.get("headers", [])))
+        if key is not None:
+            scope[PRINCIPAL_KEY] = principal_of(key)
+        return key is not None or (match.route is not None and match.route.open)
+
+
+def principal_of(key: bytes) -> str:
+    """Who a key belongs to, for what is kept per client (stored responses): a digest, never the key."""
+    return hashlib.sha256(key).hexdigest()[:24]

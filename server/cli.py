@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from server.config import Config, load_config
 
@@ -28,14 +28,17 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(service_main(args[1:]))
     config = load_config(args)
-    from engine.backend import prefer_shape_free_attention
-    from engine.blas import reexec_with_blas
+    from engine.build import LOG_FORMAT, prepare_process
 
-    prefer_shape_free_attention()  # before the BLAS re-exec, which passes the environment on
-    reexec_with_blas(config.blas)
-    from engine.process import LOG_FORMAT
-
+    prepare_process(config.blas)
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    if config.shard is not None:
+        from engine.shard.group import launch_rank
+
+        if launch_rank() not in (None, 0):  # a follower rank: no HTTP, rank 0's steps until the group ends
+            from engine.shard.follower import serve_follower
+
+            sys.exit(serve_follower(engine_settings(config), model_source(config)))
     try:
         asyncio.run(serve(config))
     except KeyboardInterrupt:
@@ -49,7 +52,9 @@ def engine_settings(config: Config) -> EngineSettings:
     from engine.build import EngineSettings
 
     return EngineSettings(
-        max_running=min(config.decode_concurrency, config.prefill_step_size),
+        max_running=(
+            min(config.decode_concurrency, config.prefill_step_size) if config.decode_concurrency else None
+        ),
         max_prefilling=config.prompt_concurrency,
         token_budget=config.prefill_step_size,
         max_waiting=config.max_queue,
@@ -62,6 +67,8 @@ def engine_settings(config: Config) -> EngineSettings:
         num_draft_tokens=config.num_draft_tokens,
         speculation_gated=config.speculation_gate == "auto",
         tool_call_parser=config.tool_call_parser,
+        shard=config.shard,
+        warmup=config.warmup,
     )
 
 
@@ -104,10 +111,9 @@ def greeting(config: Config) -> str:
 
 
 async def serve(config: Config) -> None:
-    from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config as HypercornConfig
-    from hypercorn.typing import Framework
 
+    from server import connections
     from server.app import App
     from server.shutdown import Drain
 
@@ -123,7 +129,11 @@ async def serve(config: Config) -> None:
     # Streams get --shutdown-timeout-s to finish (the app then ends them); the margin lets the
     # error frames go out before Hypercorn closes what is left.
     hc.graceful_timeout = config.shutdown_timeout_s + SHUTDOWN_MARGIN_S
+    # No per-read timeout: a stream, or a long JSON answer, reads nothing from its client for
+    # minutes. A body has --body-timeout-s to arrive (the app's), a head --keep-alive-s.
     hc.read_timeout = None
+    hc.h11_max_incomplete_size = hc.h2_max_header_list_size = config.max_header_bytes
+    hc.backlog = min(config.max_connections, 1024)
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     if config.certfile:  # HTTPS; Hypercorn offers ALPN h2 then http/1.1. Plain ports speak h2c too.
@@ -146,8 +156,11 @@ async def serve(config: Config) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     log.info("%s", greeting(config))
+    gate = connections.ConnectionGate(
+        connections.connection_cap(config.max_connections), app, bool(config.certfile)
+    )
     try:
-        await hypercorn_serve(cast("Framework", app), hc, shutdown_trigger=stop.wait)
+        await connections.serve(app, hc, gate, shutdown_trigger=stop.wait)
     finally:
         if trace is not None:
             trace.close()

@@ -9,13 +9,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.tools.formats import parser_names
+from engine.build import tool_call_parsers
 
 SECONDS = 1.0
+KIB = 1 << 10
 MIB = 1 << 20
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # mlx_lm.server flags whose behaviour we do not have yet: refused, never ignored.
-NOT_YET = ("kv_bits", "pipeline")
+NOT_YET = ("kv_bits",)
+SHARD_MODES = ("tensor", "pipeline")
 DRAFT_KINDS = ("ngram", "draft")
 SPECULATION_GATES = ("auto", "off")
 
@@ -40,7 +42,8 @@ class Config:
     log_level: str = "INFO"
     trust_remote_code: bool = False
     allowed_origins: list[str] = field(default_factory=list)
-    decode_concurrency: int = 32
+    warmup: bool = True
+    decode_concurrency: int | None = None  # None: what the memory plan fits, up to 256
     prompt_concurrency: int = 8
     prefill_step_size: int = 2048
     max_queue: int = 64
@@ -53,8 +56,12 @@ class Config:
     draft_kind: str | None = None
     speculation_gate: str = "auto"
     kv_bits: int | None = None
-    pipeline: bool = False
+    shard: str | None = None  # "tensor" or "pipeline" across an mlx.launch group (engine.shard)
+    pipeline: bool = False  # mlx_lm.server's flag: the same as shard = "pipeline"
     max_body_bytes: int = 32 * MIB
+    body_timeout_s: float = 60 * SECONDS
+    max_connections: int = 1024
+    max_header_bytes: int = 16 * KIB
     heartbeat_s: float = 15 * SECONDS
     startup_timeout_s: float = 600 * SECONDS
     keep_alive_s: float = 75 * SECONDS
@@ -133,7 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--log-level", type=str.upper, choices=LOG_LEVELS)
     a("--trust-remote-code", action="store_true", help="allow code from the model repo")
     a("--allowed-origins", type=_origins, help="comma-separated CORS origins (default: CORS off)")
-    a("--decode-concurrency", type=int, help="rows decoded together (32)")
+    a("--decode-concurrency", type=int, help="rows decoded together (default: what memory fits, up to 256)")
+    a(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="skip compiling the usual kernel shapes at start (GPU backends; a CPU compiles nothing)",
+    )
     a("--prompt-concurrency", type=int, help="prompts prefilled together (8)")
     a("--prefill-step-size", type=int, help="prefill chunk in tokens, and the per-step token budget (2048)")
     a("--max-queue", type=int, help="requests allowed to wait for a batch slot before 429 (64)")
@@ -161,8 +174,17 @@ def build_parser() -> argparse.ArgumentParser:
         "off: speculate on every step where a row has drafts (auto)",
     )
     a("--kv-bits", type=int, help="KV cache quantization bits (not supported yet)")
-    a("--pipeline", action="store_true", help="pipeline parallel (not supported yet)")
+    a(
+        "--shard",
+        choices=SHARD_MODES,
+        help="serve one model from every rank of an mlx.launch group: tensor (each rank holds a slice "
+        "of every layer) or pipeline (each rank holds some layers). Default: off",
+    )
+    a("--pipeline", action="store_true", help="the same as --shard pipeline (mlx_lm.server's flag)")
     a("--max-body-bytes", type=_parse_size, help="largest request body (32M)")
+    a("--body-timeout-s", type=float, help="seconds a request body may take to arrive, then 408 (60)")
+    a("--max-connections", type=int, help="open connections at most; past it only probes answer (1024)")
+    a("--max-header-bytes", type=_parse_size, help="largest request head, HTTP/1.1 and HTTP/2 (16K)")
     a("--heartbeat-s", type=float, help="seconds between SSE keep-alive comments (15)")
     a("--startup-timeout-s", type=float, help="seconds allowed for model loading (600)")
     a("--keep-alive-s", type=float, help="idle HTTP keep-alive seconds (75)")
@@ -176,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--tool-call-parser",
-        choices=parser_names(),
+        choices=tool_call_parsers(),
         metavar="NAME",
         help="the model family's tool-call markup, one of: %(choices)s "
         "(default: what mlx-lm infers from the chat template, else hermes)",
@@ -229,7 +251,7 @@ def _read_toml(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
     unknown = sorted(set(values) - known)
     if unknown:
         parser.error(f"--config {path}: unknown settings {', '.join(unknown)}")
-    for key in ("prompt_cache_bytes", "memory_budget_bytes", "max_body_bytes"):
+    for key in ("prompt_cache_bytes", "memory_budget_bytes", "max_body_bytes", "max_header_bytes"):
         if isinstance(values.get(key), str):
             values[key] = _parse_size(values[key])
     if isinstance(values.get("allowed_origins"), str):
@@ -255,9 +277,32 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
         parser.error("--max-tokens must be at least 1")
     if cfg.log_level.upper() not in LOG_LEVELS:
         parser.error(f"log level must be one of {', '.join(LOG_LEVELS)}")
-    if cfg.tool_call_parser is not None and cfg.tool_call_parser not in parser_names():
-        parser.error(f"--tool-call-parser {cfg.tool_call_parser!r} is not one of {', '.join(parser_names())}")
+    if cfg.tool_call_parser is not None and cfg.tool_call_parser not in tool_call_parsers():
+        parser.error(
+            f"--tool-call-parser {cfg.tool_call_parser!r} is not one of {', '.join(tool_call_parsers())}"
+        )
     _check_deploy(cfg, parser)
+    _check_shard(cfg, parser)
+
+
+def _check_shard(cfg: Config, parser: argparse.ArgumentParser) -> None:
+    if cfg.pipeline:
+        if cfg.shard not in (None, "pipeline"):
+            parser.error(f"--pipeline means --shard pipeline; it cannot be combined with --shard {cfg.shard}")
+        cfg.shard = "pipeline"
+    if cfg.shard is None:
+        return
+    if cfg.shard not in SHARD_MODES:
+        parser.error(f"--shard must be one of {', '.join(SHARD_MODES)}")
+    clashes = {
+        "--draft-model": cfg.draft_model,
+        "--draft-kind": cfg.draft_kind,
+        "--adapter-path": cfg.adapter_path,
+        "--engine thread": cfg.engine == "thread",
+    }
+    for flag, value in clashes.items():
+        if value:
+            parser.error(f"{flag} cannot be combined with --shard (see README: Sharding)")
 
 
 def _check_deploy(cfg: Config, parser: argparse.ArgumentParser) -> None:
@@ -267,3 +312,5 @@ def _check_deploy(cfg: Config, parser: argparse.ArgumentParser) -> None:
         parser.error("--api-key must not be empty")
     if cfg.shutdown_timeout_s < 0:
         parser.error("--shutdown-timeout-s must not be negative")
+    if cfg.max_connections < 1 or cfg.body_timeout_s <= 0 or cfg.max_header_bytes < 1024:
+        parser.error("--max-connections must be >= 1, --body-timeout-s > 0, --max-header-bytes >= 1K")

@@ -119,7 +119,7 @@ class RequestDone:
 
 
 class StatsSource(Protocol):
-    """What metrics need of an engine (Engine and ProcessEngine both fit)."""
+    """What metrics need of an engine (every EngineClient fits)."""
 
     @property
     def state(self) -> enum.Enum: ...

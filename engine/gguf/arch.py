@@ -46,6 +46,8 @@ _GLOBAL_NAMES = MappingProxyType(
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GLOBAL_TENSOR = re.compile(r"(\w+)\.(weight|bias)")
 
+SUPPORTED = ("llama", "gemma3", "qwen2")
+
 # llama.cpp hard-codes the 27B's attention scale (hidden / heads, not head_dim) by layer count.
 _GEMMA3_27B_LAYERS = 62
 
@@ -82,7 +84,12 @@ def architecture_for(gguf: GGUFFile) -> Architecture:
             return Architecture("llama", _LLAMA_LAYER_NAMES, unpermute_qk=True, norm_offset=0.0)
         case "gemma3":
             return Architecture("gemma3", _GEMMA3_LAYER_NAMES, unpermute_qk=False, norm_offset=1.0)
-    raise ValueError(f"GGUF architecture {gguf.architecture!r} is not supported (supported: llama, gemma3)")
+        case "qwen2":
+            # convert_hf_to_gguf.py's Qwen2Model keeps HF's row order (llama.cpp runs it with NEOX rope)
+            return Architecture("qwen2", _LLAMA_LAYER_NAMES, unpermute_qk=False, norm_offset=0.0)
+    raise ValueError(
+        f"GGUF architecture {gguf.architecture!r} is not supported (supported: {', '.join(SUPPORTED)})"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +117,8 @@ def model_config(gguf: GGUFFile) -> dict[str, Any]:
             config = _llama_config(hp)
         case "gemma3":
             config = _gemma3_config(hp)
+        case "qwen2":
+            config = _qwen2_config(hp)
         case other:
             raise ValueError(f"GGUF architecture {other!r} is not supported")
     return {**_shared_config(hp), **config}
@@ -145,6 +154,17 @@ def _llama_config(hp: Hparams) -> dict[str, Any]:
         "attention_bias": "blk.0.attn_q.bias" in names,
         "mlp_bias": "blk.0.ffn_up.bias" in names,
     }
+
+
+def _qwen2_config(hp: Hparams) -> dict[str, Any]:
+    names = hp.gguf.tensors
+    if "blk.0.attn_q.bias" not in names:
+        # mlx-lm's qwen2 always has q/k/v biases; a file without them is some other model
+        raise ValueError("GGUF qwen2 file has no attention biases (blk.0.attn_q.bias)")
+    hidden, heads = hp.require("embedding_length"), hp.require("attention.head_count")
+    if hp.get("attention.key_length", hidden // heads) != hidden // heads:
+        raise ValueError("GGUF qwen2 with head_dim != hidden / heads is not supported")
+    return {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
 
 
 def _gemma3_config(hp: Hparams) -> dict[str, Any]:

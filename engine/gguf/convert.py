@@ -37,7 +37,7 @@ from engine.gguf.tensors import (
 from engine.gguf.tokenizer import eos_token_ids, write_tokenizer
 
 # Bump whenever the folder's contents would change for the same GGUF file.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 3
 CACHE_ENV = "MLX_SERVE_CACHE"
 SHARD_BYTES = 1 << 30
 

@@ -1,9 +1,11 @@
 """GGUF tensor payloads as arrays MLX can load.
 
-Q4_0, Q4_1 and Q8_0 blocks are exactly MLX affine quantization with group size 32
-(w = scale * q + bias), so they are repacked bit for bit, never dequantized. Every other type
-is dequantized to float32. Scales and biases are float32 as well: float16 ones make MLX's
-quantized matmul crawl on a CPU (MODELS.md), and float32 keeps the repacking lossless.
+Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K blocks are exactly MLX affine quantization with group size 32
+(w = scale * q + bias; Q4_K's 32-weight sub-blocks each have their own scale and minimum), so
+they are repacked bit for bit, never dequantized. Every other type (Q6_K's groups of 16, the
+other K-quants, F16, BF16) is dequantized to float32. Scales and biases are float32 as well:
+float16 ones make MLX's quantized matmul crawl on a CPU (MODELS.md), and float32 keeps the
+repacking lossless (each scale and bias is a product of a float16 and a small integer).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
+from gguf.quants import Q4_K, dequantize
 
 from engine.gguf.reader import GGUFFile
 
@@ -79,6 +81,23 @@ def _pack_nibbles(ggml_qs: np.ndarray) -> np.ndarray:
     return _as_words(packed)
 
 
+def _pack_5bit(values: np.ndarray) -> np.ndarray:
+    """(rows, n) uint8 values below 32, n a multiple of 8 -> MLX's 5-bit words: a little-endian
+    bit stream, 8 values in every 5 bytes."""
+    v = [values[:, k::8] for k in range(8)]
+    stream = np.stack(
+        [
+            v[0] | (v[1] << 5),
+            (v[1] >> 3) | (v[2] << 2) | (v[3] << 7),
+            (v[3] >> 1) | (v[4] << 4),
+            (v[4] >> 4) | (v[5] << 1) | (v[6] << 6),
+            (v[6] >> 2) | (v[7] << 3),
+        ],
+        axis=-1,
+    )
+    return _as_words(stream)
+
+
 def _as_words(packed: np.ndarray) -> np.ndarray:
     """(rows, blocks, bytes) uint8 -> (rows, words) uint32, little-endian like MLX."""
     flat = np.ascontiguousarray(packed, dtype=np.uint8).reshape(packed.shape[0], -1)
@@ -98,6 +117,29 @@ def _repack_q4_1(raw: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor(_pack_nibbles(blocks[..., 4:]), _half(blocks, 0), _half(blocks, 2), 4)
 
 
+def _repack_q5_0(raw: np.ndarray) -> QuantizedTensor:
+    blocks = _blocks(raw, 22)
+    scale = _half(blocks, 0)
+    # weight j: low nibble as in q4_0, fifth bit = bit j of the little-endian word qh
+    high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")
+    low = np.concatenate([blocks[..., 6:] & 0x0F, blocks[..., 6:] >> 4], axis=-1)
+    values = (low | (high << 4)).reshape(raw.shape[0], -1)
+    # q5_0 stores w = d * (q - 16)
+    return QuantizedTensor(_pack_5bit(values), scale, -16.0 * scale, 5)
+
+
+def _repack_q4_k(raw: np.ndarray) -> QuantizedTensor:
+    blocks = _blocks(raw, 144)
+    rows, n_blocks = blocks.shape[:2]
+    # q4_k: 256 weights in 8 sub-blocks of 32, w = d * sc_j * q - dmin * m_j (6-bit sc_j, m_j)
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(-1, 12))
+    scales = _half(blocks, 0)[..., None] * sc.reshape(rows, n_blocks, 8).astype(np.float32)
+    biases = -(_half(blocks, 2)[..., None] * m.reshape(rows, n_blocks, 8).astype(np.float32))
+    # each 32 bytes of qs hold two sub-blocks: the low nibbles, then the high ones
+    chunks = blocks[..., 16:].reshape(rows, n_blocks * 4, 32)
+    return QuantizedTensor(_pack_nibbles(chunks), scales.reshape(rows, -1), biases.reshape(rows, -1), 4)
+
+
 def _repack_q8_0(raw: np.ndarray) -> QuantizedTensor:
     blocks = _blocks(raw, 34)
     scale = _half(blocks, 0)
@@ -112,6 +154,10 @@ def _repacker(ggml_type: GGMLQuantizationType) -> Callable[[np.ndarray], Quantiz
             return _repack_q4_0
         case GGMLQuantizationType.Q4_1:
             return _repack_q4_1
+        case GGMLQuantizationType.Q5_0:
+            return _repack_q5_0
         case GGMLQuantizationType.Q8_0:
             return _repack_q8_0
+        case GGMLQuantizationType.Q4_K:
+            return _repack_q4_k
     return None

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,17 @@ _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen2's: Llama 3's with every digit on its own
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _LLAMA3_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "dbrx"})
+_QWEN2_PRE = frozenset({"qwen2", "deepseek-r1-qwen", "megrez"})
+# tokenizer.ggml.pre -> the split regex its merges were learned on (ByteLevel runs after it)
+_SPLITS = MappingProxyType(
+    {**dict.fromkeys(_LLAMA3_PRE, _LLAMA3_SPLIT), **dict.fromkeys(_QWEN2_PRE, _QWEN2_SPLIT)}
+)
 _GPT2_PRE = frozenset({"default", "gpt2", "gpt-2"})
 # Gemma's scores do not follow its merge order; its token order does (as transformers does)
 _ORDER_RANKED_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
@@ -183,6 +194,10 @@ def _byte_level_tokenizer(vocab: GGUFVocab) -> Tokenizer:
     # llama.cpp takes a whole pre-token found in a Llama 3 vocabulary without merging
     model = BPE(ids, merges, fuse_unk=False, byte_fallback=False, ignore_merges=vocab.pre in _LLAMA3_PRE)
     tokenizer = Tokenizer(model)
+    if vocab.pre in _QWEN2_PRE:
+        # Qwen2's own tokenizer.json normalizes to NFC first (a GGUF cannot say so), and
+        # transformers rebuilds a qwen2 folder's tokenizer that way whatever is written here
+        tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = _byte_level_pre_tokenizer(vocab.pre)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
@@ -198,8 +213,8 @@ def _byte_level_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     if pre == "smollm":
         # SmolLM splits every digit on its own before the GPT-2 regex
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre in _LLAMA3_PRE:
-        split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
+    if pre in _SPLITS:
+        split = pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated")
         return pre_tokenizers.Sequence(
             [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )

@@ -4,7 +4,9 @@ The family is the one mlx-lm infers from the chat template (`TokenizerWrapper.to
 one module of `mlx_lm.tool_parsers`), or the one `--tool-call-parser` names. Ours on top:
 `hermes` (`<tool_call>{"name", "arguments"}</tool_call>`, the fallback when nothing is
 inferred) and `llama3_json` (Llama 3.1+ calls: bare `{"name", "parameters"}` JSON opening
-the answer, or after `<|python_tag|>`). JSON families and qwen3-coder's XML stream their
+the answer, or after `<|python_tag|>`), and `qwen2_5` for Qwen2.5 templates (hermes markup,
+but a call may also open the answer as bare JSON: the Qwen2.5-Coder models write their calls
+that way and never emit `<tool_call>`). JSON families and qwen3-coder's XML stream their
 arguments; the other families' calls go out whole, parsed by mlx-lm, at their end marker.
 """
 
@@ -82,6 +84,11 @@ def parsed_calls(parse: Parse, text: str, tools: Any) -> list[tuple[str, str, st
 
 
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", lambda tools: JsonCalls())
+# A bare call counts only when it names an offered tool (any JSON answer could look like one);
+# text after a bare call in the same answer is dropped like junk inside markers.
+QWEN2_5 = ToolFormat(
+    "qwen2_5", "<tool_call>", "</tool_call>", lambda tools: JsonCalls(names=tool_names(tools)), bare_json=True
+)
 LLAMA3_JSON = ToolFormat(
     "llama3_json", "<|python_tag|>", "", lambda tools: JsonCalls(names=tool_names(tools)), bare_json=True
 )
@@ -108,17 +115,25 @@ def format_named(name: str) -> ToolFormat:
 
 
 def tool_format_for(tokenizer: Any, name: str | None = None) -> ToolFormat:
-    """The named family, else the one mlx-lm infers for the tokenizer, else llama 3's when the
-    chat template writes llama 3 calls, else hermes JSON."""
+    """The named family, else the one mlx-lm infers for the tokenizer (Qwen2.5's for its
+    templates), else llama 3's when the chat template writes llama 3 calls, else hermes JSON."""
     if name:
         return format_named(name)
     start, end = getattr(tokenizer, "tool_call_start", None), getattr(tokenizer, "tool_call_end", None)
     parse = getattr(tokenizer, "tool_parser", None)
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
     if start and end is not None and parse is not None:
         family = str(getattr(parse, "__module__", "")).rpartition(".")[2]
+        if family == "json_tools" and _is_qwen2_5(template):
+            return QWEN2_5
         return _family(family, start, end, parse)
-    template = getattr(tokenizer, "chat_template", None)
-    return LLAMA3_JSON if isinstance(template, str) and _writes_llama3_calls(template) else HERMES
+    return LLAMA3_JSON if _writes_llama3_calls(template) else HERMES
+
+
+def _is_qwen2_5(template: str) -> bool:
+    # Qwen2.5's default system prompt; Qwen3's templates, whose models write the markup, lack it.
+    return "You are Qwen, created by Alibaba Cloud." in template and "<tool_response>" in template
 
 
 def _writes_llama3_calls(template: str) -> bool:

@@ -1,5 +1,6 @@
 """What the deployment tests need from the machine: Debian packages, a self-signed certificate,
-a real nginx in front of a real mlx-serve, and an SSE reader that stamps each frame's arrival."""
+a real nginx in front of one real mlx-serve or several replicas (and a way to kill one), and an
+SSE reader that stamps each frame's arrival."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,9 +23,10 @@ import httpx
 import orjson
 import pytest
 
-from tests.support.server_proc import ROOT, free_port
+from tests.support.server_proc import ROOT, ServerProcess, free_port
 
 SITE = ROOT / "deploy" / "nginx" / "mlx-serve.conf"
+REPLICAS_SITE = ROOT / "deploy" / "nginx" / "mlx-serve-replicas.conf"
 NGINX_PATHS = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx")
 
 
@@ -99,16 +101,52 @@ def trusting(cert: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(cert))
 
 
-def _replace_once(text: str, old: str, new: str) -> str:
-    assert text.count(old) == 1, f"deploy/nginx/mlx-serve.conf no longer has {old!r} exactly once"
+@dataclass(frozen=True, slots=True)
+class SiteShape:
+    """What a test changes in a shipped site: its example replica addresses (each listed once in
+    every one of its `upstreams` blocks) and its access_log directive, if it has one."""
+
+    servers: tuple[str, ...]
+    upstreams: int = 1
+    access_log: str | None = None
+
+
+SHAPES = {
+    SITE: SiteShape(("127.0.0.1:8080",)),
+    REPLICAS_SITE: SiteShape(
+        ("10.0.0.11:8080", "10.0.0.12:8080"),
+        upstreams=2,
+        access_log="access_log /var/log/nginx/mlx-serve-replicas.access.log ",
+    ),
+}
+
+
+def _replace(text: str, old: str, new: str, site: Path, times: int = 1) -> str:
+    assert text.count(old) == times, f"{site.relative_to(ROOT)} no longer has {old!r} {times}x"
     return text.replace(old, new)
 
 
-def site_for_test(upstream_port: int, https_port: int, http_port: int, cert: Path, key: Path) -> str:
-    """The shipped site with only its addresses and certificate changed (IPv6 listeners dropped)."""
-    text = SITE.read_text()
+def site_for_test(
+    upstream_ports: int | Sequence[int],
+    https_port: int,
+    http_port: int,
+    cert: Path,
+    key: Path,
+    site: Path = SITE,
+    access_log: Path | None = None,
+) -> str:
+    """The shipped site with only its addresses, certificate and log path changed (IPv6 listeners
+    dropped): the n-th example replica becomes 127.0.0.1:upstream_ports[n]."""
+    shape = SHAPES[site]
+    ports = [upstream_ports] if isinstance(upstream_ports, int) else list(upstream_ports)
+    assert len(ports) == len(shape.servers), f"{site.name} lists {len(shape.servers)} replicas"
+    text = site.read_text()
+    for example, port in zip(shape.servers, ports):
+        text = _replace(text, f"server {example}", f"server 127.0.0.1:{port}", site, shape.upstreams)
+    if shape.access_log is not None:
+        assert access_log is not None, f"{site.name} writes an access log: say where"
+        text = _replace(text, shape.access_log, f"access_log {access_log} ", site)
     for old, new in (
-        ("server 127.0.0.1:8080;", f"server 127.0.0.1:{upstream_port};"),
         ("listen 80;", f"listen 127.0.0.1:{http_port};"),
         ("listen [::]:80;", ""),
         ("listen 443 ssl http2;", f"listen 127.0.0.1:{https_port} ssl http2;"),
@@ -116,17 +154,19 @@ def site_for_test(upstream_port: int, https_port: int, http_port: int, cert: Pat
         ("/etc/ssl/certs/llm.example.com.pem", str(cert)),
         ("/etc/ssl/private/llm.example.com.key", str(key)),
     ):
-        text = _replace_once(text, old, new)
+        text = _replace(text, old, new, site)
     return text
 
 
 @dataclass
 class Nginx:
-    """A real nginx (foreground, one worker) serving the shipped site in front of `upstream_port`."""
+    """A real nginx (foreground, one worker) serving a shipped site (mlx-serve.conf by default) in
+    front of `upstream_port`: one port, or one per replica for mlx-serve-replicas.conf."""
 
-    upstream_port: int
+    upstream_port: int | Sequence[int]
     folder: Path
     edit: Callable[[str], str] = lambda site: site  # a control test's misconfiguration
+    site: Path = SITE
     https_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
@@ -136,7 +176,17 @@ class Nginx:
         self.cert, key = self_signed_cert(self.folder)
         site = self.folder / "site.conf"
         site.write_text(
-            self.edit(site_for_test(self.upstream_port, self.https_port, self.http_port, self.cert, key))
+            self.edit(
+                site_for_test(
+                    self.upstream_port,
+                    self.https_port,
+                    self.http_port,
+                    self.cert,
+                    key,
+                    self.site,
+                    self.upstream_log_path,
+                )
+            )
         )
         conf = self.folder / "nginx.conf"
         conf.write_text(self._main_conf(site))
@@ -185,6 +235,15 @@ class Nginx:
     def url(self) -> str:
         return f"https://127.0.0.1:{self.https_port}"
 
+    @property
+    def upstream_log_path(self) -> Path:
+        """The site's own access log (mlx-serve-replicas.conf's: the replicas each request tried)."""
+        return self.folder / "upstreams.log"
+
+    def upstream_log(self) -> list[str]:
+        path = self.upstream_log_path
+        return path.read_text(errors="replace").splitlines() if path.exists() else []
+
     def log(self) -> str:
         return "\n".join(
             p.read_text(errors="replace")[-4000:]
@@ -200,6 +259,20 @@ class Nginx:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+
+def kill_replica(server: ServerProcess) -> None:
+    """SIGKILL a whole replica, as a crash or a power cut would: the server process and its engine
+    child (pid from /stats) at once, so it neither drains nor answers anything more. (Its processes
+    share pytest's process group, so they are killed by pid, never by group.)"""
+    engine_pid = int(str(server.stats()["engine_pid"]))
+    os.kill(server.proc.pid, signal.SIGKILL)
+    if engine_pid != server.proc.pid:
+        try:
+            os.kill(engine_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it went with its parent already
+    server.proc.wait(10)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ from tests.support.server_proc import ServerProcess
 
 
 def test_bare_mlx_serve_serves_the_default_model(tmp_path: Path) -> None:
-    server = ServerProcess([], tmp_path / "server.log", env={"MLX_SERVE_CACHE": str(tmp_path / "cache")})
+    cache = {"MLX_SERVE_CACHE": str(tmp_path / "cache")}
+    server = ServerProcess([], tmp_path / "server.log", env=cache, bare=True)
     try:
         models = httpx.get(server.url + "/v1/models").json()["data"]
         assert [m["id"] for m in models] == ["SmolLM2-135M-Instruct"]

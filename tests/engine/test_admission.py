@@ -11,6 +11,8 @@ from mlx_lm.models.cache import QuantizedKVCache
 
 from engine.admission import (
     KV_ALLOC_STEP,
+    MAX_ROWS_FROM_MEMORY,
+    ROW_SHARE_TOKENS,
     Admission,
     InsufficientMemory,
     KvCost,
@@ -18,6 +20,8 @@ from engine.admission import (
     admit,
     default_budget,
     plan_memory,
+    plan_rows,
+    rows_that_fit,
     total_ram_bytes,
     weights_bytes,
 )
@@ -269,3 +273,23 @@ def test_the_probe_does_not_evaluate_the_model() -> None:
     p = plan(model, 1 << 30)
     assert p.weights_bytes > 200 * MIB and mx.get_active_memory() - before < MIB
     assert p.kv_bytes_per_token == 2 * 4 * 8 * 128 * 4
+
+
+def test_rows_that_fit_give_each_row_its_share_and_stop_at_the_cap(model: llama.Model) -> None:
+    p = plan(model, 64 * MIB, max_running=256)
+    share = min(p.context_limit, ROW_SHARE_TOKENS)
+    assert rows_that_fit(p) == max(1, min(MAX_ROWS_FROM_MEMORY, p.kv_capacity_tokens // share))
+    assert rows_that_fit(p, cap=3) == min(3, rows_that_fit(p))
+    small = plan_rows(lambda rows: plan(model, 8 * MIB, max_running=rows))  # 256 rows do not plan here
+    assert 1 <= small.max_running < rows_that_fit(p)
+    assert small.max_running == rows_that_fit(small, small.max_running)
+
+
+def test_a_gate_with_a_queue_bound_takes_its_rows_from_the_plan(model: llama.Model) -> None:
+    from engine.client import Gate
+
+    p = plan(model, 64 * MIB, max_running=7)
+    gate, fixed = Gate(1000, waiting=5), Gate(1000)
+    gate.size(p)
+    fixed.size(p)
+    assert (gate.capacity, gate.plan, fixed.capacity) == (12, p, 1000)

@@ -8,12 +8,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
 
 from engine.core import Core, Ticket
-from engine.errors import EngineFailed, QueueFull, ServeError
+from engine.errors import EngineFailed, ServeError
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.types import Counters, EngineTimings, Event, Finished, FinishReason, Request, TextDelta, Usage
-from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
+from tests.support.fake_engine import EOS, FakeTokenizer, Fault, ScriptedRunner
 
 TIMEOUT_S = 5.0
 
@@ -161,13 +164,67 @@ def test_core_drops_a_ticket_aborted_before_it_is_accepted() -> None:
     assert h.core.counters.requests_aborted == 1 and h.core.counters.requests_started == 1
 
 
-def test_core_queue_full_is_told_to_the_ticket() -> None:
-    h = make(ScriptedRunner(["x"]), max_running=1, max_waiting=2)
-    clients = [h.submit(req(name)) for name in ("a", "b", "c")]
+def test_core_takes_every_ticket_the_gate_let_through() -> None:
+    # One admission owner: the engine client's Gate bounds running + waiting before any byte;
+    # the core never refuses a ticket in-band for the queue's length (issue 15, item 6).
+    h = make(ScriptedRunner(["x"]), max_running=1)
+    clients = [h.submit(req(f"r{i}")) for i in range(80)]
     with serving(h):
-        error = clients[2].next()
-        assert [c.until_end()[0] for c in clients[:2]] == ["x", "x"]
-    assert isinstance(error, QueueFull) and error.status == 429
+        ends = [c.until_end() for c in clients]
+    assert ends == [("x", Finished(FinishReason.STOP, Usage(3, 2, 0)))] * 80
+
+
+PIECES = ["a", "b", "c", "d"]
+
+
+def faulty_batch(fault: Fault, *, tools: bool = False) -> tuple[Harness, list[Client], Client]:
+    """Three healthy rows and one faulty row ("bad"), submitted together."""
+    h = make(ScriptedRunner(PIECES, faults={"bad": fault}))
+    clients = [h.submit(req(name, max_tokens=4)) for name in ("a", "b")]
+    bad = Request("bad", (5, 6, 7), max_tokens=4, tools=({"function": {"name": "f"}},) if tools else None)
+    return h, clients + [h.submit(bad), h.submit(req("c", max_tokens=4))], clients[0]
+
+
+@pytest.mark.parametrize("fault", [
+    Fault("admit"),
+    Fault("prefill"),
+    Fault("decode", at=2),
+    Fault("token", at=1, token=999),  # a token id the detokenizer has no piece for
+], ids=["admit", "prefill", "decode", "detokenize"])
+def test_core_fault_in_one_row_fails_that_row_only(fault: Fault) -> None:
+    h, clients, _ = faulty_batch(fault)
+    with serving(h):
+        ends = {c.request.id: c.until_end() for c in clients}
+        wait_until(lambda: idle(h))
+        after = h.submit(req("after", max_tokens=4)).until_end()  # the engine serves on
+    _partial, error = ends.pop("bad")
+    assert isinstance(error, EngineFailed) and error.status == 500
+    assert "generation failed" in error.message
+    healthy = ("abcd", Finished(FinishReason.LENGTH, Usage(3, 4, 0)))
+    assert ends == {"a": healthy, "b": healthy, "c": healthy} and after == healthy
+    assert h.runner.resets == 0  # no batch-wide failure: the runner kept every other row
+    assert h.core.counters.requests_failed == 1
+    assert not h.core.tickets and not h.core.texts and h.scheduler.kv_reserved == 0
+
+
+def test_core_fault_in_one_rows_tool_parsing_fails_that_row_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.tools.splitter import ToolCallSplitter
+
+    feed = ToolCallSplitter.feed
+
+    def exploding_feed(self: ToolCallSplitter, text: str) -> list[Any]:
+        if "b" in text:
+            raise ValueError("injected fault in tool-call parsing")
+        return feed(self, text)
+
+    monkeypatch.setattr(ToolCallSplitter, "feed", exploding_feed)
+    h, clients, _ = faulty_batch(Fault("none"), tools=True)
+    with serving(h):
+        ends = {c.request.id: c.until_end() for c in clients}
+    _partial, error = ends.pop("bad")
+    assert isinstance(error, EngineFailed) and "tool-call parsing" in error.message
+    assert all(text == "abcd" for text, _ in ends.values())
+    assert h.runner.resets == 0
 
 
 def test_core_runner_fault_fails_every_in_flight_ticket_and_serves_the_next() -> None:

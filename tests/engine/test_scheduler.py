@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.errors import QueueFull
 from engine.scheduler import (
     PrefillChunk,
     Scheduler,
@@ -408,22 +407,20 @@ def test_scheduler_can_ever_fit() -> None:
     assert uncapped.can_ever_fit(req("x", prompt_len=100_000, max_tokens=100_000))
 
 
-# -- waiting queue bound -------------------------------------------------------------------
+# -- no waiting queue bound here: the engine client's Gate is the one admission owner --------
 
 
-def test_scheduler_raises_queue_full_with_a_clear_message() -> None:
-    sched, runner = make(max_running=1, max_waiting=2)
-    sched.add(req("a"))
-    sched.add(req("b"))
-    with pytest.raises(QueueFull) as info:
-        sched.add(req("c"))
-    assert info.value.status == 429
-    assert "waiting queue is full" in info.value.message and "2" in info.value.message
-    assert sched.get("c") is None and [s.id for s in sched.waiting] == ["a", "b"]
-    step(sched, runner)  # a leaves the queue for a running slot: room for one more
-    sched.add(req("c"))
-    with pytest.raises(QueueFull):
-        sched.add(req("d"))
+def test_scheduler_add_never_refuses_for_the_queue_length() -> None:
+    # The Gate already bounded running + waiting; a request the scheduler is given runs.
+    sched, runner = make(max_running=1)
+    for i in range(100):
+        sched.add(req(f"r{i}", max_tokens=1))
+    assert len(sched.waiting) == 100
+    for _ in range(400):
+        if not sched.has_work:
+            break
+        step(sched, runner)
+    assert not sched.has_work and sched.kv_reserved == 0
 
 
 # -- abort at every phase -----------------------------------------------------------------
@@ -559,6 +556,7 @@ class Traffic:
     add_order: dict[str, int] = field(default_factory=dict)
     uses_cache: bool = False
     next_id: int = 0
+    max_waiting: int = 8
 
     def arrive(self) -> None:
         budget = self.sched.config.token_budget
@@ -569,11 +567,9 @@ class Traffic:
         self.cached[seq_id] = self.rng.choice([0, 0, self.rng.randint(0, prompt_len + 3)])
         if not self.sched.can_ever_fit(request):
             return  # admission would have refused it with a 400
-        try:
-            self.sched.add(request)
-        except QueueFull:
-            assert len(self.sched.waiting) == self.sched.config.max_waiting
-            return
+        if len(self.sched.waiting) >= self.max_waiting:
+            return  # the engine client's Gate would have answered 429
+        self.sched.add(request)
         self.added.append(seq_id)
         self.alive.add(seq_id)
         self.requests[seq_id] = request
@@ -680,7 +676,7 @@ class Traffic:
         for state, seqs in lists.items():
             assert all(s.state is state for s in seqs)
         assert len(sched.prefilling) <= cfg.max_prefilling and sched.num_active <= cfg.max_running
-        assert len(sched.waiting) <= cfg.max_waiting
+        assert len(sched.waiting) <= self.max_waiting
         reserved = sum(s.kv_tokens for s in sched.prefilling + sched.decoding)
         assert sched.kv_reserved == reserved
         assert cfg.kv_capacity_tokens is None or reserved <= cfg.kv_capacity_tokens
@@ -691,13 +687,13 @@ def random_traffic(seed: int) -> Traffic:
     rng = random.Random(seed)
     max_running = rng.randint(1, 6)
     config = SchedulerConfig(max_running=max_running, max_prefilling=rng.randint(1, 4),
-                             token_budget=rng.randint(max_running, 24), max_waiting=rng.randint(1, 8),
+                             token_budget=rng.randint(max_running, 24),
                              kv_capacity_tokens=rng.choice([None, rng.randint(20, 120)]))
     cached: dict[str, int] = {}
     uses_cache = rng.random() < 0.5
     sched = Scheduler(config, frozenset({EOS}), (lambda r: cached[r.id]) if uses_cache else None)
     runner = FakeRunner(sched, lambda _s, _k: EOS if rng.random() < 0.05 else rng.randint(1, 99))
-    return Traffic(sched, runner, rng, cached=cached, uses_cache=uses_cache)
+    return Traffic(sched, runner, rng, cached=cached, uses_cache=uses_cache, max_waiting=rng.randint(1, 8))
 
 
 @pytest.mark.parametrize("seed", range(60))

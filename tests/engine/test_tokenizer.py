@@ -38,14 +38,14 @@ class TemplateWrapper:
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], tools: Any = None, **kwargs: Any
-    ) -> list[int]:
+    ) -> list[int] | str:
         self.calls.append({"messages": messages, "tools": tools})
         text = (
             jinja2.Environment()
             .from_string(self.chat_template or "")
             .render(messages=messages, tools=tools, add_generation_prompt=kwargs.get("add_generation_prompt"))
         )
-        return self.encode(text)
+        return self.encode(text) if kwargs.get("tokenize", True) else text
 
 
 def text_of(ids: list[int]) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from engine.types import SamplingParams
 from protocols.contract import Defaults, Frames, ProtocolContext
 from server.writer import encode
 
@@ -67,10 +68,7 @@ def tokenizer() -> FakeTokenizer:
 @pytest.fixture
 def defaults() -> Defaults:
     return Defaults(
-        temperature=0.7,
-        top_p=0.9,
-        top_k=40,
-        min_p=0.05,
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05),
         max_tokens=256,
         chat_template_args={"enable_thinking": False, "house": "server"},
     )

@@ -656,6 +656,17 @@ def test_store_expires_entries_after_ttl() -> None:
     assert store.get("a") is None and store.bytes_used == 0 and len(store) == 0
 
 
+def test_store_evicts_and_expires_entries_of_every_owner() -> None:
+    clock = Clock()
+    store = ResponsesStore(ttl_s=10, max_bytes=100, clock=clock)
+    for name, owner in (("a", "alice"), ("b", "bob"), ("c", "bob")):
+        store.put(name, b"{}", (), 40, owner=owner)
+    assert store.get("a", "alice") is None and len(store) == 2  # the oldest went, whoever owned it
+    assert store.get("b", "alice") is None and store.get("b", "bob") is not None
+    clock.now += 11
+    assert store.get("c", "bob") is None and len(store) == 0 and store.bytes_used == 0
+
+
 def test_store_evicts_oldest_past_byte_cap() -> None:
     store = ResponsesStore(ttl_s=10, max_bytes=100, clock=Clock())
     for name in "abc":

@@ -202,3 +202,33 @@ def test_config_deploy_flags(capsys: pytest.CaptureFixture[str]) -> None:
     for bad in (["--certfile", "c.pem"], ["--api-key", ""], ["--shutdown-timeout-s", "-1"]):
         with pytest.raises(SystemExit):
             load_config(bad)
+
+
+def test_auth_stored_responses_belong_to_the_key_that_made_them() -> None:
+    engine, _ = fake_engine(["a"])
+    alice, bob = (b"x-api-key", b"sk-alice"), (b"x-api-key", b"sk-bob")
+
+    async def go() -> dict[str, Reply]:
+        app = App(Config(), engine)
+        engine.start()
+        await engine.wait_ready()
+        stack = AuthMiddleware(app, ApiKeys(["sk-alice", "sk-bob"]), app.table)
+        made = await call(stack, "POST", "/v1/responses", b'{"input":"hi","max_output_tokens":3}', headers=[alice])
+        rid = made.json()["id"]
+        go_on = f'{{"input":"more","previous_response_id":"{rid}","max_output_tokens":3}}'.encode()
+        return {
+            "made": made,
+            "bob_get": await call(stack, "GET", f"/v1/responses/{rid}", headers=[bob]),
+            "bob_continue": await call(stack, "POST", "/v1/responses", go_on, headers=[bob]),
+            "bob_delete": await call(stack, "DELETE", f"/v1/responses/{rid}", headers=[bob]),
+            "alice_get": await call(stack, "GET", f"/v1/responses/{rid}", headers=[alice]),
+            "alice_continue": await call(stack, "POST", "/v1/responses", go_on, headers=[alice]),
+            "alice_delete": await call(stack, "DELETE", f"/v1/responses/{rid}", headers=[alice]),
+        }
+
+    r = asyncio.run(go())
+    assert r["made"].status == 200
+    assert [r[k].status for k in ("bob_get", "bob_continue", "bob_delete")] == [404, 404, 404]
+    assert r["bob_continue"].json()["error"]["param"] == "previous_response_id"
+    assert [r[k].status for k in ("alice_get", "alice_continue", "alice_delete")] == [200, 200, 200]
+    assert r["alice_get"].json()["id"] == r["made"].json()["id"]

@@ -99,3 +99,21 @@ def test_config_unknown_tool_call_parser_is_an_error(tmp_path: Path, where: str,
     with pytest.raises(SystemExit):
         load_config(["--tool-call-parser", "hermes2"] if where == "flag" else ["--config", str(f)])
     assert "'hermes2'" in capsys.readouterr().err
+
+
+def test_config_shard_modes_and_the_pipeline_alias() -> None:
+    from server.cli import engine_settings
+
+    assert load_config([]).shard is None
+    assert engine_settings(load_config(["--shard", "tensor"])).shard == "tensor"
+    assert load_config(["--pipeline"]).shard == "pipeline"  # mlx_lm.server's flag
+    assert load_config(["--pipeline", "--shard", "pipeline"]).shard == "pipeline"
+
+
+@pytest.mark.parametrize("flags", [["--pipeline", "--shard", "tensor"], ["--draft-kind", "ngram"],
+                                   ["--draft-model", "d"], ["--engine", "thread"], ["--adapter-path", "a"]])
+def test_config_shard_refuses_what_it_cannot_combine_with(flags: list[str],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_config(flags if "--pipeline" in flags else ["--shard", "tensor", *flags])
+    assert "cannot be combined with --shard" in capsys.readouterr().err

@@ -314,3 +314,36 @@ def test_metrics_summary_for_stats_json() -> None:
     assert (s["prompt_tokens"], s["generation_tokens"], s["prefix_cache_hits"]) == (10, 4, 6)
     assert s["ttft_s"] == {"count": 1, "mean": 0.25} and s["inter_token_s"]["count"] == 3
     assert s["e2e_s"] == {"count": 1, "mean": 1.5}
+
+
+def test_metric_series_stay_bounded_under_random_methods_and_unauthenticated_requests() -> None:
+    # Issue 15 item 8: 1,000 random HTTP methods added 1,001 series to http_requests_total,
+    # 300 of them from requests without a key on a keyed server.
+    import random
+
+    from server.auth import ApiKeys, AuthMiddleware
+    from server.routes import KNOWN_METHODS, OTHER
+
+    rng = random.Random(15)
+    engine, _ = fake_engine(["a"])
+    paths = ["/health", "/v1/models", "/v1/chat/completions", "/wp-login.php", "/v1/nope/x", "/"]
+
+    async def go() -> dict[str, float]:
+        metrics = Metrics()
+        app = App(Config(), engine, metrics)
+        engine.start()
+        await engine.wait_ready()
+        stack = RequestObserver(AuthMiddleware(app, ApiKeys(["secret"]), app.table), metrics, table=app.table)
+        for i in range(1000):
+            method = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ-_") for _ in range(rng.randint(1, 12)))
+            keyed = [(b"authorization", b"Bearer secret")] if i % 10 < 7 else []  # 300 without a key
+            await call(stack, method, rng.choice(paths), headers=keyed)
+        return samples((await call(stack, "GET", "/metrics")).body.decode())
+
+    m = asyncio.run(go())
+    series = [k for k in m if k.startswith("mlx_serve:http_requests_total{")]
+    labels = [dict(kv.split("=", 1) for kv in k[k.index("{") + 1 : -1].split(",")) for k in series]
+    assert {lab["method"] for lab in labels} <= KNOWN_METHODS | {"OTHER"}
+    assert {lab["endpoint"] for lab in labels} <= {r.metric_label for r in App(Config(), engine).table.routes} | {OTHER}
+    assert len(series) <= 12  # a handful of (endpoint, method, status) triples, not one per method
+    assert sum(m[k] for k in series) == 1000

@@ -1,4 +1,5 @@
-"""Real models for tests: SmolLM2 converted from its GGUF, and a tiny random llama with its tokenizer."""
+"""Real models for tests: SmolLM2 converted from its GGUF, Qwen2.5-Coder from its slice packages,
+and tiny random models with SmolLM2's tokenizer."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ import json
 import shutil
 from pathlib import Path
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def smollm_folder(cache: Path) -> Path:
@@ -17,22 +23,48 @@ def smollm_folder(cache: Path) -> Path:
     return convert_gguf(default_gguf(), cache_root=cache)
 
 
+def qwen_folder(name: str) -> Path:
+    """`--model NAME` (qwen2.5-coder-0.5b or -1.5b) as the server resolves it: joined and converted
+    once into the user cache ($MLX_SERVE_CACHE or ~/.cache/mlx-serve), reused by later runs."""
+    from engine.loader import prepare
+
+    return prepare(name).path
+
+
 def tiny_llama(out: Path, tokenizer_from: Path, *, seed: int = 0) -> Path:
     """A 2-layer random-weight llama (float32) sharing SmolLM2's tokenizer and template."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
-
-    if (out / "model.safetensors").exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
     config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
               "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0,
               "tie_word_embeddings": True, "max_position_embeddings": 8192}
+    return _random_model(out, tokenizer_from, config, seed, embed_scale=8)
+
+
+def shardable_model(out: Path, tokenizer_from: Path, *, seed: int = 0) -> Path:
+    """A 4-layer random-weight qwen2 (float32, untied head) that mlx-lm can shard both ways over
+    2 ranks (4 heads / 2 KV heads; pipeline support). Its greedy text wanders instead of echoing."""
+    config = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-6, "vocab_size": 49152, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "max_position_embeddings": 8192, "eos_token_id": 2}
+    return _random_model(out, tokenizer_from, config, seed)
+
+
+def _random_model(out: Path, tokenizer_from: Path, config: dict[str, object], seed: int,
+                  embed_scale: float = 1.0) -> Path:
+    """mlx-lm's own initialization of `config`'s architecture, saved with SmolLM2's tokenizer."""
+    import importlib
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    if (out / "model.safetensors").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
-    weights = {k: v * 8 if "embed" in k else v for k, v in tree_flatten(model.parameters())}
+    model = module.Model(module.ModelArgs.from_dict(config))
+    weights = {k: v * embed_scale if "embed" in k else v for k, v in tree_flatten(model.parameters())}
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config))
     for name in TOKENIZER_FILES:

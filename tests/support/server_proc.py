@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,16 +24,33 @@ def free_port() -> int:
 TEST_NAMES = ("m", "claude-x", "client-name")
 
 
+def wait_healthy(url: str, exited: Callable[[], bool], timeout_s: float) -> str | None:
+    """Poll `url`/health until it answers 200 (None); else why not: "exited" or "timeout"."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if exited():
+            return "exited"
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return None
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return "timeout"
+
+
 class ServerProcess:
     """Starts `python -m server ARGS`, waits for /health 200, and stops it on close()."""
 
     def __init__(self, args: list[str], log_path: Path, *, env: dict[str, str] | None = None,
-                 ready_timeout_s: float = 300.0) -> None:
+                 ready_timeout_s: float = 300.0, bare: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         # The names the tests' clients send, as aliases a user would give (README: model names).
-        aliases = [] if "--served-model-name" in args else [a for n in TEST_NAMES for a in ("--served-model-name", n)]
+        # `bare=True` starts it exactly as given (no aliases), as a user's plain `mlx-serve` would be.
+        given = bare or "--served-model-name" in args
+        aliases = [] if given else [a for n in TEST_NAMES for a in ("--served-model-name", n)]
         cmd = [sys.executable, "-m", "server", "--port", str(self.port), *aliases, *args]
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
@@ -40,18 +58,12 @@ class ServerProcess:
         self._wait_ready(ready_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.close()
-        raise RuntimeError(f"server not ready in {timeout_s}s:\n{self.log()}")
+        why = wait_healthy(self.url, lambda: self.proc.poll() is not None, timeout_s)
+        if why == "exited":
+            raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log()}")
+        if why is not None:
+            self.close()
+            raise RuntimeError(f"server not ready in {timeout_s}s:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

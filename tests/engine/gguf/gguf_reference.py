@@ -46,6 +46,17 @@ TRICKY_STRINGS = (
     "non\u00a0breaking\u200bzero width",
     "<table><tr><td>x</td></tr></table>",
     "$$x^2$$ {{var}} [[link]] <not_a_token>",
+    # code, digits, CJK and the markup a Qwen2.5 chat carries
+    "x = 1234567890 + 3.14e-10; y = 0xFF",
+    "for (int i = 0; i < n; ++i) {\n    sum += a[i] * b[i];\n}",
+    "    def __init__(self):\n        self.x = [1, 2, 3]\n",
+    "中文注释：计算斐波那契数列 // コメント",
+    "I'm sure it's what THEY'LL do, we'd",
+    "<|im_start|>system\nYou are Qwen<|im_end|>\n<|im_start|>user\n",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    '<tools>\n{"type": "function"}\n</tools><|endoftext|>',
+    "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>",
+    "e\u0301 cafe\u0301 [PAD151665]",
 )
 
 
@@ -111,6 +122,12 @@ LLAMA_TYPES = {
     "attn_output": Q.F16, "ffn_gate": Q.Q5_0, "ffn_up": Q.BF16, "ffn_down": Q.Q4_0, "output": Q.Q4_1,
 }  # fmt: skip
 GEMMA3_TYPES = {"token_embd": Q.Q8_0, "attn_q": Q.Q4_0, "attn_v": Q.Q5_0, "ffn_down": Q.Q4_1}
+# the real Qwen2.5-Coder files' types, spread over the tensors
+QWEN2_TYPES = {
+    "token_embd": Q.Q5_0, "attn_q": Q.Q4_K, "attn_k": Q.Q5_0, "attn_v": Q.Q8_0, "attn_output": Q.Q4_K,
+    "ffn_gate": Q.Q5_0, "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K, "output": Q.Q6_K,
+}  # fmt: skip
+_TINY_TYPES = {"llama": LLAMA_TYPES, "gemma3": GEMMA3_TYPES, "qwen2": QWEN2_TYPES}
 
 _LLAMA_NAMES = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -124,6 +141,24 @@ _GEMMA3_NAMES = {
 }  # fmt: skip
 
 
+# Where each K-quant block keeps its float16 super-block scales: (byte offset, magnitude).
+_K_BLOCK_SCALES = {Q.Q4_K: ((0, 1e-3), (2, 1e-3)), Q.Q6_K: ((208, 1e-4),)}
+
+
+def random_k_blocks(rows: int, columns: int, ggml_type: Q, seed: int = 0) -> np.ndarray:
+    """Random valid blocks of a K-quant that gguf cannot quantize to: random bytes, with
+    small finite float16 super-block scales (any bytes are valid for the rest)."""
+    from gguf import GGML_QUANT_SIZES
+
+    block_weights, block_bytes = GGML_QUANT_SIZES[ggml_type]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, columns // block_weights, block_bytes), dtype=np.uint8)
+    for offset, magnitude in _K_BLOCK_SCALES[ggml_type]:
+        scale = rng.uniform(0.5, 1.0, size=blocks.shape[:2]) * magnitude
+        blocks[..., offset : offset + 2] = scale.astype(np.float16)[..., None].view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
 def llama_cpp_permute(rows: np.ndarray, n_heads: int) -> np.ndarray:
     """convert_hf_to_gguf.py's LlamaModel.permute, verbatim in numpy."""
     return (
@@ -134,14 +169,14 @@ def llama_cpp_permute(rows: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def write_tiny_gguf(path: Path, architecture: str, *, tied: bool, seed: int = 0) -> TinyGGUF:
-    """A random 6-layer llama or gemma3 written as llama.cpp would, plus its reference logits."""
+    """A random 6-layer llama, gemma3 or qwen2 written as llama.cpp would, plus its reference logits."""
     from mlx.utils import tree_flatten
 
     model, config = _tiny_model(architecture, tied=tied, seed=seed)
     writer = GGUFWriter(str(path), architecture)
     _add_hparams(writer, architecture, config)
     _add_tokenizer(writer, architecture)
-    types_ = LLAMA_TYPES if architecture == "llama" else GEMMA3_TYPES
+    types_ = _TINY_TYPES[architecture]
     reference: list[tuple[str, mx.array]] = []
     params: Any = tree_flatten(model.parameters())
     for name, value in params:
@@ -160,7 +195,7 @@ def write_tiny_gguf(path: Path, architecture: str, *, tied: bool, seed: int = 0)
 
 
 def _tiny_model(architecture: str, *, tied: bool, seed: int) -> tuple[Any, dict[str, Any]]:
-    from mlx_lm.models import gemma3_text, llama
+    from mlx_lm.models import gemma3_text, llama, qwen2
 
     config: dict[str, Any] = {
         "hidden_size": 64, "num_hidden_layers": 6, "intermediate_size": 96, "num_attention_heads": 4,
@@ -170,6 +205,10 @@ def _tiny_model(architecture: str, *, tied: bool, seed: int) -> tuple[Any, dict[
     mx.random.seed(seed)
     if architecture == "llama":
         model: Any = llama.Model(llama.ModelArgs.from_dict({**config, "model_type": "llama"}))  # type: ignore[no-untyped-call]
+    elif architecture == "qwen2":
+        # K-quant blocks hold 256 weights: every matrix needs a multiple of 256 columns
+        config |= {"hidden_size": 256, "intermediate_size": 256, "rope_theta": 1e6}
+        model = qwen2.Model(qwen2.ModelArgs.from_dict({**config, "model_type": "qwen2"}))  # type: ignore[no-untyped-call]
     else:
         if not tied:
             raise ValueError("Gemma 3 always ties its embeddings")
@@ -191,7 +230,7 @@ def _randomize_norms(model: Any) -> Any:
 
 
 def _gguf_name(name: str, architecture: str) -> str:
-    names = _LLAMA_NAMES if architecture == "llama" else _GEMMA3_NAMES
+    names = _GEMMA3_NAMES if architecture == "gemma3" else _LLAMA_NAMES
     if name.startswith("model.layers."):
         _, _, layer, rest = name.split(".", 3)
         module, kind = rest.rsplit(".", 1)
@@ -209,9 +248,15 @@ def _store(
     if architecture == "gemma3" and gguf_name.endswith("norm.weight"):
         return (value + 1.0, Q.F32), value
     ggml_type = types_.get(base, Q.F32) if value.ndim == 2 else Q.F32
-    original = dequantize(quantize(value, ggml_type), ggml_type).reshape(value.shape)
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}.get(base)
-    if architecture == "llama" and heads:
+    permute = architecture == "llama" and heads
+    if ggml_type in _K_BLOCK_SCALES:
+        # gguf cannot quantize to K-quants: random blocks stand in for the weights
+        assert not permute, "no permuted K-quant tensors in the tiny models"
+        blocks = random_k_blocks(*value.shape, ggml_type)
+        return (blocks, ggml_type), dequantize(blocks, ggml_type)
+    original = dequantize(quantize(value, ggml_type), ggml_type).reshape(value.shape)
+    if permute:
         value = llama_cpp_permute(value, heads)
     return (quantize(value, ggml_type), ggml_type), original
 
@@ -234,13 +279,13 @@ def _add_hparams(writer: GGUFWriter, architecture: str, config: dict[str, Any]) 
 
 def _add_tokenizer(writer: GGUFWriter, architecture: str) -> None:
     """262 tokens either way: 3 controls, 256 byte tokens, 3 merged tokens."""
-    if architecture == "llama":
+    if architecture in ("llama", "qwen2"):
         from engine.gguf.tokenizer import _byte_alphabet
 
         alphabet = [_byte_alphabet()[b] for b in range(256)]
         tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *alphabet, "Ġt", "he", "Ġthe"]
         writer.add_string("tokenizer.ggml.model", "gpt2")
-        writer.add_string("tokenizer.ggml.pre", "default")
+        writer.add_string("tokenizer.ggml.pre", "qwen2" if architecture == "qwen2" else "default")
         writer.add_array("tokenizer.ggml.merges", ["Ġ t", "h e", "Ġt he"])
         types_ = [3, 3, 3] + [1] * 259
     else:
@@ -251,5 +296,6 @@ def _add_tokenizer(writer: GGUFWriter, architecture: str) -> None:
         types_ = [3, 3, 3] + [6] * 256 + [1] * 3
     writer.add_array("tokenizer.ggml.tokens", tokens)
     writer.add_array("tokenizer.ggml.token_type", types_)
-    writer.add_uint32("tokenizer.ggml.bos_token_id", 1 if architecture == "llama" else 2)
-    writer.add_uint32("tokenizer.ggml.eos_token_id", 2 if architecture == "llama" else 1)
+    byte_level = architecture != "gemma3"
+    writer.add_uint32("tokenizer.ggml.bos_token_id", 1 if byte_level else 2)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2 if byte_level else 1)

@@ -27,6 +27,7 @@ from tests.engine.gguf.gguf_reference import (
     llama_cpp_permute,
     load_model,
     load_safetensors,
+    random_k_blocks,
     reference_tokenizer,
     write_tiny_gguf,
 )
@@ -60,10 +61,10 @@ def smollm(smollm_dir: Path) -> tuple[Any, Any]:
 # --- tensors ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K])
 def test_load_tensor_repacks_blocks_losslessly(tmp_path: Path, ggml_type: Q) -> None:
-    weights = np.random.default_rng(0).normal(size=(48, 96)).astype(np.float32)
-    blocks = quantize(weights, ggml_type)
+    weights = np.random.default_rng(0).normal(size=(48, 512)).astype(np.float32)
+    blocks = quantize(weights, ggml_type) if ggml_type != Q.Q4_K else random_k_blocks(48, 512, ggml_type)
     writer = GGUFWriter(str(tmp_path / "t.gguf"), "llama")
     writer.add_tensor("w.weight", blocks, raw_dtype=ggml_type)
     writer.write_header_to_file()
@@ -147,7 +148,10 @@ def test_read_gguf_agrees_with_gguf_reader(tmp_path: Path) -> None:
 # --- conversion of small llama.cpp-style files -----------------------------------------------
 
 
-@pytest.mark.parametrize(("architecture", "tied"), [("llama", True), ("llama", False), ("gemma3", True)])
+@pytest.mark.parametrize(
+    ("architecture", "tied"),
+    [("llama", True), ("llama", False), ("gemma3", True), ("qwen2", False), ("qwen2", True)],
+)
 def test_convert_gguf_round_trips_a_tiny_model(tmp_path: Path, architecture: str, tied: bool) -> None:
     tiny = write_tiny_gguf(tmp_path / f"tiny-{architecture}.gguf", architecture, tied=tied)
 
@@ -165,18 +169,19 @@ def test_convert_gguf_keeps_mixed_widths_per_layer(tmp_path: Path) -> None:
     quant = config["quantization"]
     assert (quant["group_size"], quant["bits"]) == (32, 4)
     assert quant["model.embed_tokens"]["bits"] == quant["model.layers.0.self_attn.v_proj"]["bits"] == 8
-    assert quant["model.layers.0.mlp.gate_proj"] is False  # Q5_0: dequantized
+    assert quant["model.layers.0.mlp.gate_proj"]["bits"] == 5  # Q5_0: repacked
+    assert quant["model.layers.0.mlp.up_proj"] is False  # BF16: float32
     assert "model.layers.0.self_attn.q_proj" not in quant and "lm_head" not in quant  # 4-bit default
 
 
 def test_convert_gguf_rejects_an_unknown_architecture(tmp_path: Path) -> None:
-    writer = GGUFWriter(str(tmp_path / "x.gguf"), "qwen2")
+    writer = GGUFWriter(str(tmp_path / "x.gguf"), "mamba")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
 
-    with pytest.raises(ValueError, match="qwen2"):
+    with pytest.raises(ValueError, match="mamba"):
         convert_gguf(tmp_path / "x.gguf", cache_root=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
 

@@ -48,7 +48,9 @@ def test_gemma_config(gemma_dir: Path) -> None:
     assert (config["rope_theta"], config["rope_local_base_freq"]) == (1e6, 1e4)
     assert config["tie_word_embeddings"] is True
     quant = config["quantization"]
-    assert (quant["bits"], quant["group_size"]) == (8, 32)  # Q8_0 embedding and value projections
+    assert (quant["bits"], quant["group_size"]) == (5, 32)  # Q5_0: most projections
+    assert quant["model.embed_tokens"]["bits"] == 8  # Q8_0
+    assert quant["model.layers.0.self_attn.o_proj"]["bits"] == 4  # Q4_K: repacked, not dequantized
     assert quant["model.layers.0.mlp.down_proj"] is False  # Q6_K: dequantized to float32
 
 

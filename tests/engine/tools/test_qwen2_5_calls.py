@@ -1,0 +1,63 @@
+"""Qwen2.5's tool calls: hermes markup, or bare JSON opening the answer (how Qwen2.5-Coder writes them)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from engine.tools.formats import QWEN2_5, tool_format_for
+from engine.tools.splitter import ToolCallSplitter
+from engine.types import TextDelta, ToolCallArgsDelta, ToolCallStart
+from tests.engine.tools.test_formats import Wrapper
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+QWEN2_5_TEMPLATE = (
+    "{%- if tools %}You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\\n\\n# Tools"
+    "{%- elif message.role == 'tool' %}{{- '<tool_response>\\n' }}{%- endif %}"
+)
+QWEN3_TEMPLATE = (
+    "{%- if tools %}# Tools{%- elif message.role == 'tool' %}{{- '<tool_response>\\n' }}{%- endif %}"
+)
+
+
+def split(pieces: list[str]) -> tuple[str, list[tuple[str, Any]]]:
+    splitter = ToolCallSplitter(QWEN2_5, TOOLS)
+    events = [e for piece in pieces for e in splitter.feed(piece)] + splitter.close()
+    names = {e.index: e.name for e in events if isinstance(e, ToolCallStart)}
+    args = {i: "".join(e.arguments for e in events if isinstance(e, ToolCallArgsDelta) and e.index == i)
+            for i in names}  # fmt: skip
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    return text, [(names[i], json.loads(args[i])) for i in sorted(names)]
+
+
+def test_tool_format_for_a_qwen2_5_template_is_qwen2_5() -> None:
+    assert tool_format_for(Wrapper("json_tools", QWEN2_5_TEMPLATE)) is QWEN2_5
+    assert tool_format_for(Wrapper("json_tools", QWEN3_TEMPLATE)).name == "json_tools"
+    assert tool_format_for(Wrapper("json_tools", QWEN2_5_TEMPLATE), "hermes").name == "hermes"
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ['{"name": "get_', 'weather", "arguments": {"city": ', '"Paris"}}'],  # what Qwen2.5-Coder writes
+        ["\n", '{"name": "get_weather", "arguments": {"city": "Paris"}}'],
+        ['<tool_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>'],
+    ],
+)
+def test_qwen2_5_call_bare_or_in_markup(pieces: list[str]) -> None:
+    assert split(pieces) == ("", [("get_weather", {"city": "Paris"})])
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '{"name": "get_time", "arguments": {}}',  # not an offered tool
+        '{"city": "Paris", "sky": "clear"}',  # JSON, but not a call
+        'The call is {"name": "get_weather", "arguments": {}}',  # bare JSON only opens an answer
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',  # fenced: not parsed
+    ],
+)
+def test_qwen2_5_other_json_stays_text(answer: str) -> None:
+    assert split([answer[:9], answer[9:]]) == (answer, [])
