@@ -76,7 +76,8 @@ def claude(server: ServerProcess) -> anthropic.Anthropic:
 
 def test_server_serves_the_shortcut_by_its_model_id(server: ServerProcess) -> None:
     models = httpx.get(server.url + "/v1/models").json()["data"]
-    assert [m["id"] for m in models] == ["Qwen2.5-Coder-0.5B-Instruct"]
+    assert models[0]["id"] == "Qwen2.5-Coder-0.5B-Instruct"  # then the test clients' aliases
+    assert models[0]["context_length"] == 32768
 
 
 # --- OpenAI chat completions -------------------------------------------------------------------
