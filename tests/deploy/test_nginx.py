@@ -160,8 +160,8 @@ def test_nginx_keeps_429_body_and_retry_after(nginx: Nginx, upstream: ServerProc
     tokens_settle(upstream.url)
     long = {"messages": STORY, "max_tokens": 1000, "stream": True}
     with client(nginx) as c, c.stream("POST", nginx.url + "/v1/chat/completions", json=long) as running:
-        seen = 0
-        for chunk in running.iter_raw():
+        seen, chunks = 0, running.iter_raw()  # kept: a dropped iterator would close the stream
+        for chunk in chunks:
             seen += content_frames(chunk)
             if seen >= 1:
                 break
