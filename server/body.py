@@ -69,12 +69,47 @@ def _charset(params: str) -> str:
 async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
     """The whole request body: 413 once it passes `limit` bytes (or says it will), 408 when it
     has not all arrived within `timeout_s`, 415 for a type that is not JSON."""
-    length = check_head(scope, limit)
+    try:
+        length = check_head(scope, limit)
+    except PayloadTooLarge:
+        if _declared(scope) <= DRAIN_FACTOR * limit:  # far larger: refused at once, unread
+            await _drain(receive, DRAIN_FACTOR * limit, min(timeout_s, DRAIN_TIMEOUT_S))
+        raise
     try:
         async with asyncio.timeout(timeout_s):
             return await _read(receive, limit, length)
     except TimeoutError:
         raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
+    except PayloadTooLarge:
+        await _drain(receive, DRAIN_FACTOR * limit, min(timeout_s, DRAIN_TIMEOUT_S))
+        raise
+
+
+def _declared(scope: Scope) -> int:
+    raw = header(scope, b"content-length")
+    return int(raw) if raw is not None and raw.strip().isdigit() else 0
+
+
+# A client or proxy (nginx) that sends its whole body before reading the answer gets the 413 only
+# if the rest is read: a close with unread data resets the connection (nginx then answers 502).
+# Up to this many times the limit is read and dropped, briefly; a larger declared body is not.
+DRAIN_FACTOR = 2
+DRAIN_TIMEOUT_S = 10.0
+
+
+async def _drain(receive: Receive, max_bytes: int, timeout_s: float) -> None:
+    dropped = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while dropped <= max_bytes:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                dropped += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+    except TimeoutError:
+        return
 
 
 async def _read(receive: Receive, limit: int, size_hint: int) -> bytes:
