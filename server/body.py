@@ -80,9 +80,13 @@ async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float
             return await _read(receive, limit, length)
     except TimeoutError:
         raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
-    except PayloadTooLarge:
+    except _TooLarge as exc:  # more of the body is coming: read (and drop) it first, briefly
         await _drain(receive, DRAIN_FACTOR * limit, min(timeout_s, DRAIN_TIMEOUT_S))
-        raise
+        raise PayloadTooLarge(exc.message) from None
+
+
+class _TooLarge(PayloadTooLarge):
+    """Over the limit with more of the body still to come."""
 
 
 def _declared(scope: Scope) -> int:
@@ -123,7 +127,8 @@ async def _read(receive: Receive, limit: int, size_hint: int) -> bytes:
             raise ClientGone("client went away while sending its request")
         chunk = message.get("body", b"")
         if size + len(chunk) > limit:
-            raise PayloadTooLarge(f"request body is over the {limit}-byte limit")
+            more = _TooLarge if message.get("more_body", False) else PayloadTooLarge
+            raise more(f"request body is over the {limit}-byte limit")
         body[size : size + len(chunk)] = chunk
         size += len(chunk)
         if not message.get("more_body", False):
