@@ -26,7 +26,9 @@ echo "== pip install -e .[test]"
 # The real agent CLIs the e2e tier drives (tests/e2e/clis.py pins the same versions).
 CLIS="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0"
 if command -v npm >/dev/null 2>&1; then
-  have=$(cd .npm-tools 2>/dev/null && npm ls --depth=0 --parseable --long 2>/dev/null | cut -d: -f2 | grep '^@' | sort | xargs)
+  # `|| true`: on a fresh clone .npm-tools does not exist yet, and under `set -euo pipefail` a failing
+  # substitution would end the script here.
+  have=$( (cd .npm-tools 2>/dev/null && npm ls --depth=0 --parseable --long 2>/dev/null | cut -d: -f2 | grep '^@' | sort | xargs) || true)
   [ "$have" = "$(echo $CLIS | tr ' ' '\n' | sort | xargs)" ] \
     || npm install --prefix .npm-tools --no-audit --no-fund --loglevel=error $CLIS \
     || echo "warning: could not install $CLIS; their tests are skipped"
