@@ -26,7 +26,15 @@ from pathlib import Path
 from bench.load import LoadSpec, run_level
 from bench.prompts import PromptBook, load_tokenizer
 from bench.report import HEADER, LevelSummary, fmt, summarize
-from bench.servers import REPO_ROOT, RunningServer, ServerSpec, free_port, stop_server, wait_healthy
+from bench.servers import (
+    REPO_ROOT,
+    RunningServer,
+    ServerSpec,
+    ServerStartError,
+    free_port,
+    stop_server,
+    wait_healthy,
+)
 
 MODES = ("single", "tensor", "pipeline")
 FOLLOWERS: list[subprocess.Popen[bytes]] = []
@@ -133,6 +141,9 @@ def main(argv: list[str] | None = None) -> None:
                 results[name] = [
                     replace(x, server=name) for x in asyncio.run(measure(server, levels, args, book))
                 ]
+            except ServerStartError as exc:  # e.g. a family with no pipeline sharding: report the rest
+                print(f"{name}: did not start: {exc}", flush=True)
+                continue
             finally:
                 stop_server(server)
                 for follower in FOLLOWERS:
