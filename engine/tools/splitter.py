@@ -30,6 +30,32 @@ from engine.types import Delta, TextDelta
 log = logging.getLogger("mlx_serve.engine")
 
 
+FENCE = "```"
+FENCE_INFO = ("", "json")
+FENCE_LINE_MAX = 32  # a fence's first line longer than this is not a call's
+
+
+def bare_call_opening(answer: str) -> int | None:
+    """Where a bare JSON call's `{` is in an answer's opening (stripped of leading space): 0
+    when it opens with `{`, past the fence when it opens with a ```json (or plain ```) fence
+    whose next line is `{`; -1 when the answer is not opened by a call; None when a fence's
+    first line is not complete yet. Small models write their call in a fence as often as bare."""
+    if answer.startswith("{"):
+        return 0
+    if not answer.startswith(FENCE):
+        return None if FENCE.startswith(answer) else -1
+    newline = answer.find("\n")
+    if newline < 0:
+        return None if len(answer) <= FENCE_LINE_MAX else -1
+    if answer[len(FENCE) : newline].strip().lower() not in FENCE_INFO:
+        return -1
+    body = answer[newline + 1 :]
+    lead = len(body) - len(body.lstrip())
+    if lead == len(body):
+        return None if len(body) <= FENCE_LINE_MAX else -1
+    return newline + 1 + lead if body[lead] == "{" else -1
+
+
 @dataclass(slots=True)
 class ToolCallSplitter:
     """Feed text pieces; get back text deltas and tool-call deltas, in order."""
@@ -74,10 +100,14 @@ class ToolCallSplitter:
             if lead == len(buf):
                 self._held = buf
                 return ""
+            opening = bare_call_opening(buf[lead:])
+            if opening is None:  # a fence's first line not all here yet
+                self._held = buf
+                return ""
             self._fresh = False
-            if buf[lead] == "{":
-                self._open(buf[:lead])
-                return buf[lead:]
+            if opening >= 0:
+                self._open(buf[: lead + opening])
+                return buf[lead + opening :]
         at = buf.find(self.fmt.start)
         if at < 0:
             keep = partial_suffix_len(buf, (self.fmt.start,))

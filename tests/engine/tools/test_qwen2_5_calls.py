@@ -44,6 +44,10 @@ def test_tool_format_for_a_qwen2_5_template_is_qwen2_5() -> None:
         ['{"name": "get_', 'weather", "arguments": {"city": ', '"Paris"}}'],  # what Qwen2.5-Coder writes
         ["\n", '{"name": "get_weather", "arguments": {"city": "Paris"}}'],
         ['<tool_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>'],
+        # In a fence, as Qwen2.5-Coder-0.5B writes it under Codex: the fence is not text.
+        ["``", "`json\n", '{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'],
+        ['```\n  {"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n'],
+        ["```JSON", "\n", "\n", '{"name": "get_weather", "arguments": {"city": "Paris"}}```'],
     ],
 )
 def test_qwen2_5_call_bare_or_in_markup(pieces: list[str]) -> None:
@@ -56,7 +60,12 @@ def test_qwen2_5_call_bare_or_in_markup(pieces: list[str]) -> None:
         '{"name": "get_time", "arguments": {}}',  # not an offered tool
         '{"city": "Paris", "sky": "clear"}',  # JSON, but not a call
         'The call is {"name": "get_weather", "arguments": {}}',  # bare JSON only opens an answer
-        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',  # fenced: not parsed
+        '```json\n{"name": "get_time", "arguments": {}}\n```',  # fenced, not an offered tool
+        '```python\n{"name": "get_weather", "arguments": {}}\n```',  # a fence of code, not JSON
+        '```json\n["get_weather"]\n```',  # fenced JSON, but not a call
+        "``not a fence",
+        "```",  # the answer ends inside what could have been a fence
+        'Here: ```json\n{"name": "get_weather", "arguments": {}}\n```',  # a fence only opens an answer
     ],
 )
 def test_qwen2_5_other_json_stays_text(answer: str) -> None:
