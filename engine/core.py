@@ -139,6 +139,11 @@ class RowText:
     def called_tools(self) -> bool:
         return self.tools is not None and self.tools.calls > 0
 
+    @property
+    def calls_ended(self) -> bool:
+        """The tool calls are over and nothing may follow them (engine.tools.splitter)."""
+        return self.tools is not None and self.tools.ended
+
 
 class Core:
     """Runs on the MLX owner thread until the inbox yields None."""
@@ -330,13 +335,14 @@ class Core:
         if u.finish is not FinishReason.STOP:  # an EOS token has no text
             for delta in text.add(u.token, self._token_logprob(u)):
                 ticket.emit(delta)
-        if u.finish is None and text.stops.matched is None:
+        over = text.stops.matched is not None or text.calls_ended  # the answer ended before the model did
+        if u.finish is None and not over:
             return
         if u.finish is None:
             self.scheduler.finish(u.seq_id)
         for delta in text.close():
             ticket.emit(delta)
-        reason = FinishReason.STOP if text.stops.matched is not None else u.finish
+        reason = FinishReason.STOP if over else u.finish
         assert reason is not None
         if reason is FinishReason.STOP and text.called_tools:
             reason = FinishReason.TOOL_CALLS

@@ -24,15 +24,22 @@ class CallSink:
 
     out: list[Delta] = field(default_factory=list)
     calls: int = 0
+    made: list[list[str]] = field(default_factory=list)  # [name, arguments] of each call so far
 
     def start(self, name: str, call_id: str | None = None) -> int:
         self.out.append(ToolCallStart(self.calls, call_id or new_call_id(), name))
+        self.made.append([name, ""])
         self.calls += 1
         return self.calls - 1
+
+    def repeated(self) -> bool:
+        """Whether the last call is the same call (name and arguments) as an earlier one."""
+        return len(self.made) > 1 and self.made[-1] in self.made[:-1]
 
     def args(self, index: int, text: str) -> None:
         if not text:
             return
+        self.made[index][1] += text
         last = self.out[-1] if self.out else None
         if isinstance(last, ToolCallArgsDelta) and last.index == index:
             self.out[-1] = ToolCallArgsDelta(index, last.arguments + text)

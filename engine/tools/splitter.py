@@ -69,6 +69,9 @@ class ToolCallSplitter:
     _dropping: bool = False  # a started call's markup broke off: drop it up to the end marker
     _fresh: bool = True  # no answer text yet (bare JSON calls open the answer)
     _after_call: bool = False  # a call went out and no text since
+    _bare: bool = False  # the open markup had no start marker (bare or fenced JSON)
+    _calls_only: bool = False  # the answer opened with a bare call: it holds calls and nothing else
+    ended: bool = False  # the answer is over (see `_between_calls`): the generation should stop
     _layout: str = ""  # whitespace after a call, dropped unless text follows
 
     @property
@@ -78,9 +81,14 @@ class ToolCallSplitter:
     def feed(self, text: str) -> list[Delta]:
         out: list[Delta] = []
         self.sink.out = out
+        if self.ended:
+            return out
         buf, self._held = self._held + text, ""
-        while buf:
+        while buf and not self.ended:
             buf = self._outside(buf) if self._body is None else self._inside(buf)
+        if self.sink.repeated():  # equal to a whole call's arguments: this one is whole too
+            log.warning("the model repeated a tool call it had just made: the answer ends there")
+            self.ended = True
         return out
 
     def close(self) -> list[Delta]:
@@ -88,6 +96,8 @@ class ToolCallSplitter:
         out: list[Delta] = []
         self.sink.out = out
         held, self._held = self._held, ""
+        if self.ended or (self._calls_only and self._body is None):
+            return out  # a fence's closing line, a partial end marker: layout after the calls
         if self._body is None:
             self._text(held)
         elif self._give(held) is None:
@@ -95,6 +105,8 @@ class ToolCallSplitter:
         return out
 
     def _outside(self, buf: str) -> str:
+        if self._calls_only:
+            return self._between_calls(buf)
         if self.fmt.bare_json and self._fresh:
             lead = len(buf) - len(buf.lstrip())
             if lead == len(buf):
@@ -106,7 +118,7 @@ class ToolCallSplitter:
                 return ""
             self._fresh = False
             if opening >= 0:
-                self._open(buf[: lead + opening])
+                self._open(buf[: lead + opening], bare=True)
                 return buf[lead + opening :]
         at = buf.find(self.fmt.start)
         if at < 0:
@@ -128,14 +140,43 @@ class ToolCallSplitter:
             piece = buf if at < 0 else buf[:at]
         rest = self._give(piece)
         if rest is not None:  # the markup ended inside the piece, or was text after all
-            return rest + (buf[at:] if at >= 0 else "")
+            if at >= 0:
+                return rest + buf[at:]
+            tail, self._held = self._held, ""  # a held partial end marker comes after `rest`
+            return rest + tail
         if at < 0:
             return ""
         self._finish(end)
         return buf[at + len(end) :]
 
-    def _open(self, marker: str) -> None:
-        self._body, self._fresh = self.fmt.body(self.tools), False
+    def _between_calls(self, buf: str) -> str:
+        """After a bare call: more calls (bare, fenced or in markup), the fence that closes a
+        call, a stray end marker and whitespace are read; anything else ends the answer. A
+        bare call has no end marker, so what a model writes after its calls (junk, or the
+        same call again and again, as small models do) would otherwise run to max_tokens."""
+        rest = buf.lstrip()
+        if not rest:
+            return ""
+        opening = bare_call_opening(rest)
+        if opening is not None and opening >= 0:
+            self._open(rest[:opening], bare=True)
+            return rest[opening:]
+        if opening is None or any(m.startswith(rest) for m in (self.fmt.start, self.fmt.end) if m):
+            self._held = rest  # not decided yet
+            return ""
+        if rest.startswith(FENCE):  # the fence closing the call just made
+            newline = rest.find("\n")
+            return "" if newline < 0 else rest[newline + 1 :]
+        for marker in (self.fmt.end, self.fmt.start):
+            if marker and rest.startswith(marker):
+                if marker == self.fmt.start:
+                    self._open(marker)
+                return rest[len(marker) :]
+        self.ended = True
+        return ""
+
+    def _open(self, marker: str, bare: bool = False) -> None:
+        self._body, self._fresh, self._bare = self.fmt.body(self.tools), False, bare
         self._markup, self._layout = [self._layout + marker], ""  # layout returns if it is text
 
     def _give(self, piece: str) -> str | None:
@@ -152,18 +193,24 @@ class ToolCallSplitter:
             return self._broken(body, exc)
         if ended is None:
             return None
-        if self.fmt.end:  # trailing junk inside the markers
+        if self.fmt.end and not self._bare:  # trailing junk inside the markers
             self._dropping = True
             return None
         self._finish("")
         return piece[ended:]
 
     def _broken(self, body: BodyParser, exc: NotACall) -> str | None:
+        if body.started and (self._bare or self._calls_only):  # JSON after bare calls, not a call
+            self.ended = True
+            return None
         if body.started:
             log.warning("dropping tool-call markup that broke off after the call started: %s", exc)
             self._dropping = True
             return None
         self._body = None
+        if self._calls_only:  # JSON after the calls that is not a call: the answer is over
+            self.ended, self._markup = True, []
+            return ""
         self._text("".join(self._markup))
         self._markup = []
         return ""
@@ -177,6 +224,7 @@ class ToolCallSplitter:
             except NotACall:
                 self._text("".join(self._markup) + end_marker)
         self._after_call = self._after_call or body.started
+        self._calls_only = self._calls_only or (self._bare and body.started)
         self._markup, self._dropping = [], False
 
     def _text(self, text: str) -> None:

@@ -15,7 +15,17 @@ import pytest
 from engine.core import Core, Ticket
 from engine.errors import EngineFailed, ServeError
 from engine.scheduler import Scheduler, SchedulerConfig
-from engine.types import Counters, EngineTimings, Event, Finished, FinishReason, Request, TextDelta, Usage
+from engine.types import (
+    Counters,
+    EngineTimings,
+    Event,
+    Finished,
+    FinishReason,
+    Request,
+    TextDelta,
+    ToolCallStart,
+    Usage,
+)
 from tests.support.fake_engine import EOS, FakeTokenizer, Fault, ScriptedRunner
 
 TIMEOUT_S = 5.0
@@ -255,3 +265,21 @@ def test_core_gauges_running_waiting_and_kv_usage() -> None:
         second.until_end()
         wait_until(lambda: idle(h) and h.core.counters.num_requests_running == 0)
     assert h.core.counters.num_requests_waiting == 0 and h.core.counters.kv_cache_usage_perc == 0
+
+
+def test_core_stops_a_row_whose_model_repeats_its_tool_call() -> None:
+    # The splitter ends the answer at a repeated call: the row stops there (finish tool_calls,
+    # its slot freed), it does not run on to max_tokens writing the same call again.
+    call = ["<tool_call>", '{"name": "f", "arguments": {}}', "</tool_call>"]
+    h = make(ScriptedRunner(call * 10))
+    with serving(h):
+        client = h.submit(Request("t", (5, 6, 7), max_tokens=100, tools=({"function": {"name": "f"}},)))
+        events: list[Event | ServeError] = []
+        while not isinstance(ev := client.next(), Finished | ServeError):
+            events.append(ev)
+        wait_until(lambda: idle(h))
+    assert [e.name for e in events if isinstance(e, ToolCallStart)] == ["f", "f"]
+    assert isinstance(ev, Finished) and ev.reason is FinishReason.TOOL_CALLS
+    stopped_at = len(call) + 2  # the second call's JSON: its end marker is not awaited
+    assert ev.usage.completion_tokens == stopped_at
+    assert h.runner.steps_taken == [stopped_at] and h.scheduler.kv_reserved == 0

@@ -70,3 +70,58 @@ def test_qwen2_5_call_bare_or_in_markup(pieces: list[str]) -> None:
 )
 def test_qwen2_5_other_json_stays_text(answer: str) -> None:
     assert split([answer[:9], answer[9:]]) == (answer, [])
+
+
+def run(pieces: list[str]) -> tuple[str, list[tuple[str, Any]], bool]:
+    """The text, the calls and whether the splitter ended the answer."""
+    splitter = ToolCallSplitter(QWEN2_5, TOOLS)
+    events = []
+    for piece in pieces:
+        events += splitter.feed(piece)
+    ended = splitter.ended
+    events += splitter.close()
+    names = {e.index: e.name for e in events if isinstance(e, ToolCallStart)}
+    args = {i: "".join(e.arguments for e in events if isinstance(e, ToolCallArgsDelta) and e.index == i)
+            for i in names}  # fmt: skip
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    return text, [(names[i], json.loads(args[i])) for i in sorted(names)], ended
+
+
+PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+ROME = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [PARIS, "\nThe weather is nice. I will now"],  # prose after a bare call
+        ["```json\n", PARIS, "\n``", "`\n", "Done! Let me know if"],  # prose after a fenced call
+        [PARIS, '\n{"city": "Paris"}'],  # JSON after the calls that is not a call
+        [PARIS, "</tool_call>\n", "I called it."],  # a stray end marker, then prose
+    ],
+)
+def test_a_bare_call_ends_the_answer_at_the_first_text_after_it(pieces: list[str]) -> None:
+    # A bare call has no end marker: what follows the calls would otherwise run to max_tokens.
+    assert run(pieces) == ("", [("get_weather", {"city": "Paris"})], True)
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [PARIS, "\n", ROME],  # bare, one after the other
+        ["```json\n", PARIS, "\n```\n```json\n", ROME, "\n```"],  # each in its own fence
+        [PARIS, "\n<tool_call>\n", ROME, "\n</tool_call>"],  # then one in markup
+    ],
+)
+def test_more_calls_after_a_bare_call_are_calls(pieces: list[str]) -> None:
+    text, calls, ended = run(pieces)
+    assert (text, calls) == ("", [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})])
+    assert not ended  # the model may still write another call, or stop
+
+
+@pytest.mark.parametrize("opening", ["", "<tool_call>\n"])
+def test_the_same_call_again_ends_the_answer(opening: str) -> None:
+    # Greedy small models (Qwen2.5-Coder-0.5B after a tool result) repeat their call forever.
+    close = "\n</tool_call>\n" if opening else "\n"
+    text, calls, ended = run([opening + PARIS + close] * 2 + [opening + ROME + close])
+    assert (text, calls, ended) == ("", [("get_weather", {"city": "Paris"})] * 2, True)
