@@ -34,6 +34,7 @@ from engine.row_guard import RowFaults, fenced_processor, fenced_sampler
 from engine.sampling import make_row_processors, make_row_sampler
 from engine.scheduler import PrefillChunk, StepOutput, StepPlan, TokenLogprobs
 from engine.speculation.drafting import (
+    PREDICTION_K,
     TYPICAL_ACCEPTANCE,
     Draft,
     PredictionLookup,
@@ -163,7 +164,8 @@ class BatchRunner:
             return None  # a constrained row's matcher follows one token a step: it does not speculate
         conf, asked = self.speculation, request.num_draft_tokens
         k = conf.num_draft_tokens if asked is None else min(asked, conf.num_draft_tokens)
-        if request.prediction:
+        if request.prediction:  # its draft length is the prediction's (a request may lower it)
+            k = PREDICTION_K if asked is None else min(asked, PREDICTION_K)
             return (
                 RowSpeculation(
                     PredictionLookup(request.prediction, len(request.prompt_tokens)), k, prediction=True

@@ -14,6 +14,7 @@ accepts nothing when the guess turns out wrong — it costs a wider forward, nev
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 MAX_NGRAM = 3
@@ -75,22 +76,33 @@ class PromptLookup:
         return _guessed(self._index.lookup(history, k + 1))
 
 
+PREDICTION_K = 16  # a prediction's draft length: the prediction, not the server's γ, says what follows
+NEAR = 8  # a lone token re-finds the place after an edit only this close to where it was expected
+
+
 class PredictionLookup:
     """Drafts from the client's predicted output: where the output's tail sits in the prediction,
     propose what comes next there. Before any output, the prediction's opening is the draft.
-    The match continues from where the last one left off when the output still follows it."""
+
+    After an edit (the output leaves the prediction) the place is found again: when the tokens
+    before the last one still follow, the last token is a prediction token a few places on
+    (some were deleted) or one changed in place (the alignment holds); otherwise the tail's
+    longest n-gram where it occurs nearest to the expected place (an insertion or a deletion
+    shifts it), a lone token only close by. Small edits to long code, Predicted Outputs' use."""
 
     def __init__(self, prediction: tuple[int, ...], prompt_len: int) -> None:
         self._pred = list(prediction)
         self._prompt_len = prompt_len
-        self._index = NgramIndex(min_n=1)
-        self._index.index(self._pred, len(self._pred))
+        self._ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> every position it ends at
+        for stop in range(1, len(self._pred) + 1):
+            for n in range(1, min(MAX_NGRAM, stop) + 1):
+                self._ends.setdefault(tuple(self._pred[stop - n : stop]), []).append(stop)
         self._cursor: tuple[int, int] | None = None  # (position in prediction, output length then)
 
     def draft(self, history: list[int], pending: int | None, k: int) -> Draft:
         # Only the output's length and its last few tokens matter: no copy of the history.
         out_len = len(history) - self._prompt_len + (pending is not None)
-        tail = _tail(history[max(self._prompt_len, len(history) - MAX_NGRAM) :], pending)
+        tail = _tail(history[max(self._prompt_len, len(history) - MAX_NGRAM - 1) :], pending, MAX_NGRAM + 1)
         want = k if pending is not None else k + 1
         at = self._locate(tail, out_len)
         found = self._pred[at : at + want] if at is not None else []
@@ -101,23 +113,47 @@ class PredictionLookup:
     def _locate(self, tail: list[int], out_len: int) -> int | None:
         if not out_len:
             return 0
-        # Where the last match continues to, then where the output sits if it has followed the
-        # prediction from its start; only then the latest occurrence of its tail (for repetitive
-        # text that is near the end, so it comes last).
-        aligned = (
-            [out_len] if self._cursor is None else [self._cursor[0] + out_len - self._cursor[1], out_len]
-        )
-        for at in aligned:
-            n = min(MAX_NGRAM, out_len, at)
-            if 0 < at <= len(self._pred) and self._pred[at - n : at] == tail[len(tail) - n :]:
+        expected = out_len if self._cursor is None else self._cursor[0] + out_len - self._cursor[1]
+        for at in (expected, out_len):  # where the last match continues to; the output's own length
+            if self._follows(tail, at):
                 return at
-        return self._index.find(tail)
+        if len(tail) > 1 and self._follows(tail[:-1], expected - 1):  # the last token left the prediction
+            for skipped in range(1, NEAR + 1):  # a few of its tokens deleted: it goes on after them
+                if (
+                    expected - 1 + skipped < len(self._pred)
+                    and self._pred[expected - 1 + skipped] == tail[-1]
+                ):
+                    return expected + skipped
+            return expected if expected <= len(self._pred) else None  # changed in place
+        for n in range(min(MAX_NGRAM, len(tail)), 0, -1):
+            ends = self._ends.get(tuple(tail[len(tail) - n :]))
+            if ends:
+                at = _nearest(ends, expected)
+                if n > 1 or abs(at - expected) <= NEAR:
+                    return at
+        if self._cursor is not None and out_len - self._cursor[1] <= NEAR:
+            return self._cursor[0]  # an edit still being written: the prediction resumes where it left off
+        return None
+
+    def _follows(self, tail: list[int], at: int) -> bool:
+        """Whether the output's tail is what the prediction has just before position `at`."""
+        n = min(MAX_NGRAM, len(tail), at)
+        return 0 < n and at <= len(self._pred) and self._pred[at - n : at] == tail[len(tail) - n :]
 
 
-def _tail(seq: list[int], pending: int | None) -> list[int]:
-    """The last MAX_NGRAM tokens of seq followed by pending (when there is one)."""
-    last = seq[len(seq) - MAX_NGRAM :] if len(seq) > MAX_NGRAM else list(seq)
-    return (last + [pending])[-MAX_NGRAM:] if pending is not None else last
+def _nearest(ends: list[int], expected: int) -> int:
+    i = bisect.bisect_left(ends, expected)
+    after, before = (ends[i] if i < len(ends) else None), (ends[i - 1] if i else None)
+    if before is None or (after is not None and after - expected <= expected - before):
+        assert after is not None
+        return after
+    return before
+
+
+def _tail(seq: list[int], pending: int | None, n: int = MAX_NGRAM) -> list[int]:
+    """The last n tokens of seq followed by pending (when there is one)."""
+    last = seq[len(seq) - n :] if len(seq) > n else list(seq)
+    return (last + [pending])[-n:] if pending is not None else last
 
 
 def _guessed(found: list[int]) -> Draft:

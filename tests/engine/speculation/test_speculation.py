@@ -11,6 +11,7 @@ greedy output token for token, alone and in a batch with joins and leaves.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,13 @@ from mlx_lm import load
 
 from engine.runner import BatchRunner, Speculation
 from engine.scheduler import Scheduler, SchedulerConfig, StepOutput
-from engine.speculation.drafting import NgramIndex, PredictionLookup, PromptLookup, RowSpeculation
+from engine.speculation.drafting import (
+    PREDICTION_K,
+    NgramIndex,
+    PredictionLookup,
+    PromptLookup,
+    RowSpeculation,
+)
 from engine.types import Request, SamplingParams
 from tests.engine.test_runner import drive, prompt_ids, reference
 
@@ -99,8 +106,10 @@ def smollm(smollm_path: Path) -> tuple[Any, Any]:
 def requests_and_reference(smollm: tuple[Any, Any]) -> tuple[list[Request], dict[str, list[int]]]:
     model, tokenizer = smollm
     eos = set(tokenizer.eos_token_ids)
-    reqs = [Request(f"r{i}", prompt_ids(tokenizer, q), SamplingParams(), n)
-            for i, (q, n) in enumerate(zip(COPY_PROMPTS, (28, 10, 24, 20)))]
+    reqs = [
+        Request(f"r{i}", prompt_ids(tokenizer, q), SamplingParams(), n)
+        for i, (q, n) in enumerate(zip(COPY_PROMPTS, (28, 10, 24, 20)))
+    ]
     return reqs, {r.id: reference(model, r.prompt_tokens, r.max_tokens, eos) for r in reqs}
 
 
@@ -117,11 +126,17 @@ class Recording(BatchRunner):
     seen: dict[str, list[int]]
 
 
-def run_batch(model: Any, tokenizer: Any, requests: list[Request], spec: Speculation,
-              arrivals: tuple[int, ...] = (0, 0, 3, 9)) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-    sched = Scheduler(SchedulerConfig(max_running=4, max_prefilling=2, token_budget=64,
-                                      draft_tokens=spec.num_draft_tokens),
-                      frozenset(tokenizer.eos_token_ids))
+def run_batch(
+    model: Any,
+    tokenizer: Any,
+    requests: list[Request],
+    spec: Speculation,
+    arrivals: tuple[int, ...] = (0, 0, 3, 9),
+) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    sched = Scheduler(
+        SchedulerConfig(max_running=4, max_prefilling=2, token_budget=64, draft_tokens=spec.num_draft_tokens),
+        frozenset(tokenizer.eos_token_ids),
+    )
     runner = Recording(model, prefill_step_size=64, speculation=spec)
     runner.seen = {}
     plan: dict[int, list[Request]] = {}
@@ -132,8 +147,11 @@ def run_batch(model: Any, tokenizer: Any, requests: list[Request], spec: Specula
 
 @pytest.mark.parametrize("draft", ["ngram", "self", "tiny"])
 def test_speculative_greedy_in_a_batch_with_joins_and_leaves_equals_plain_greedy(
-        smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]],
-        tiny_path: Path, draft: str) -> None:
+    smollm: tuple[Any, Any],
+    requests_and_reference: tuple[list[Request], dict[str, list[int]]],
+    tiny_path: Path,
+    draft: str,
+) -> None:
     model, tokenizer = smollm
     reqs, ref = requests_and_reference
     if draft == "ngram":
@@ -154,15 +172,20 @@ def test_speculative_greedy_in_a_batch_with_joins_and_leaves_equals_plain_greedy
 
 
 def test_a_prediction_speeds_a_request_and_a_wrong_one_changes_nothing(
-        smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]]) -> None:
+    smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]]
+) -> None:
     model, tokenizer = smollm
     reqs, ref = requests_and_reference
     right = tuple(ref["r0"][:-1])  # the exact answer, as a client editing known text would send
-    wrong = tuple(tokenizer.encode("Bananas are yellow and grow in bunches on tall plants.",
-                                   add_special_tokens=False))
-    asked = [Request("r0", reqs[0].prompt_tokens, SamplingParams(), reqs[0].max_tokens, prediction=right),
-             Request("r1", reqs[1].prompt_tokens, SamplingParams(), reqs[1].max_tokens, prediction=wrong),
-             reqs[2], reqs[3]]
+    wrong = tuple(
+        tokenizer.encode("Bananas are yellow and grow in bunches on tall plants.", add_special_tokens=False)
+    )
+    asked = [
+        Request("r0", reqs[0].prompt_tokens, SamplingParams(), reqs[0].max_tokens, prediction=right),
+        Request("r1", reqs[1].prompt_tokens, SamplingParams(), reqs[1].max_tokens, prediction=wrong),
+        reqs[2],
+        reqs[3],
+    ]
     got, seen = run_batch(model, tokenizer, asked, Speculation(None, 4, gated=False))
     for r in asked:
         assert got[r.id] == ref[r.id], r.id
@@ -172,11 +195,14 @@ def test_a_prediction_speeds_a_request_and_a_wrong_one_changes_nothing(
 
 
 def test_num_draft_tokens_zero_turns_a_rows_speculation_off(
-        smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]]) -> None:
+    smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]]
+) -> None:
     model, tokenizer = smollm
     reqs, ref = requests_and_reference
     off = Request("r0", reqs[0].prompt_tokens, SamplingParams(), reqs[0].max_tokens, num_draft_tokens=0)
-    got, seen = run_batch(model, tokenizer, [off, reqs[2]], Speculation("ngram", 3, gated=False), arrivals=(0, 0))
+    got, seen = run_batch(
+        model, tokenizer, [off, reqs[2]], Speculation("ngram", 3, gated=False), arrivals=(0, 0)
+    )
     assert got["r0"] == ref["r0"] and got["r2"] == ref["r2"]
     assert "r0" not in seen and seen["r2"][0] > 0
 
@@ -186,7 +212,9 @@ def test_seeded_sampling_is_the_same_text_with_or_without_speculation(smollm: tu
     so accepting a draft (it equals that sample) changes nothing about the text."""
     model, tokenizer = smollm
     prompt = prompt_ids(tokenizer, COPY_PROMPTS[2])
-    seeded = [Request(f"s{i}", prompt, SamplingParams(temperature=0.7, top_p=0.95, seed=i), 24) for i in range(3)]
+    seeded = [
+        Request(f"s{i}", prompt, SamplingParams(temperature=0.7, top_p=0.95, seed=i), 24) for i in range(3)
+    ]
     plain, _ = run_batch(model, tokenizer, seeded, Speculation(None), arrivals=(0, 0, 2))
     spec, seen = run_batch(model, tokenizer, seeded, Speculation("ngram", 3, gated=False), arrivals=(0, 0, 2))
     assert plain == spec
@@ -255,7 +283,8 @@ def test_rows_the_draft_does_not_follow_ride_along_and_the_rest_draft_exactly(ti
 
 
 def test_a_self_draft_runs_gated_plain_and_its_outputs_stay_greedy(
-        smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]]) -> None:
+    smollm: tuple[Any, Any], requests_and_reference: tuple[list[Request], dict[str, list[int]]]
+) -> None:
     """The model as its own draft costs as much as it saves at best: the gate starts plain and
     the draft model follows one joining row in four, so at most one row ever drafts here."""
     model, tokenizer = smollm
@@ -284,3 +313,52 @@ def test_a_lagging_draft_cache_catches_up_and_drafts_what_the_draft_model_would(
         want = [t for t, _ in generate_step(mx.array(h + [y]), draft, max_tokens=3)]
         assert out == want
     assert rows.seen == [len(h) + 1 for h in histories]
+
+
+# --- Predicted Outputs after edits: the drafter finds its place again -------------------------
+
+
+def verify_against(pred: list[int], out: list[int], k: int = PREDICTION_K) -> tuple[int, int]:
+    """Decode `out` as the verify step does, drafting from `pred`: each step emits its pending
+    token plus the drafts that equal what follows it. (accepted drafts, steps)."""
+    drafter, prompt = PredictionLookup(tuple(pred), prompt_len=4), [900, 901, 902, 903]
+    i = accepted = steps = 0
+    while i < len(out):
+        draft = drafter.draft(prompt + out[:i], out[i], k).tokens
+        n = next((j for j, (t, want) in enumerate(zip(draft, out[i + 1 :])) if t != want),
+                 min(len(draft), len(out) - i - 1))  # fmt: skip
+        accepted, steps, i = accepted + n, steps + 1, i + 1 + n
+    return accepted, steps
+
+
+def edit(base: list[int], every: int, kind: str) -> tuple[list[int], int]:
+    """`base` with every `every`-th token edited; the output and how many tokens it kept."""
+    out: list[int] = []
+    for j, t in enumerate(base):
+        if j % every != every - 1:
+            out.append(t)
+        elif kind == "changed":
+            out.append(5000 + j)
+        elif kind == "inserted":
+            out += [t, 6000 + j]
+        elif kind == "word":  # one token becomes two others
+            out += [7000 + j, 8000 + j]
+    return out, sum(1 for j in range(len(base)) if j % every != every - 1) + (
+        len(base) // every if kind == "inserted" else 0
+    )
+
+
+CODE = [random.Random(7).randrange(60) for _ in range(400)]  # a small vocabulary repeats, like code
+
+
+def test_an_exact_prediction_drafts_its_own_length_not_the_servers_gamma() -> None:
+    accepted, steps = verify_against(CODE, CODE)
+    assert accepted == len(CODE) - steps and steps <= len(CODE) // (PREDICTION_K + 1) + 1
+
+
+@pytest.mark.parametrize("kind", ["changed", "deleted", "inserted", "word"])
+@pytest.mark.parametrize("every", [8, 10])
+def test_after_each_edit_the_prediction_drafter_finds_its_place_again(kind: str, every: int) -> None:
+    out, unchanged = edit(CODE, every, kind)
+    accepted, _ = verify_against(CODE, out)
+    assert accepted >= 0.8 * unchanged, (accepted, unchanged)
