@@ -90,6 +90,7 @@ class Run:
     events: list[dict[str, Any]]
     stdout: str
     stderr: str
+    timed_out: bool = False  # stopped at the time limit (rc is then -9): what it printed so far
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("type") == kind]
@@ -102,16 +103,40 @@ def _isolated(scratch: Path, extra: dict[str, str]) -> dict[str, str]:
     return {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(tmp), "TERM": "dumb", **extra}
 
 
-def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> Run:
+def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout_s: float, partial: bool = False) -> Run:
+    """Run a CLI to its end; with `partial`, one still running at `timeout_s` is stopped and
+    what it printed by then is the Run (else the time limit fails the test)."""
     with open(os.devnull, "rb") as stdin:
-        out = subprocess.run(
-            cmd, env=env, cwd=cwd, stdin=stdin, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
+        try:
+            out = subprocess.run(
+                cmd,
+                env=env,
+                cwd=cwd,
+                stdin=stdin,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            if not partial:
+                raise
+            text = [
+                (b or b"").decode() if isinstance(b, bytes) else (b or "") for b in (exc.stdout, exc.stderr)
+            ]
+            return Run(-9, _events(text[0]), text[0], text[1], timed_out=True)
+    return Run(out.returncode, _events(out.stdout), out.stdout, out.stderr)
+
+
+def _events(stdout: str) -> list[dict[str, Any]]:
     events = []
-    for line in out.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("{"):
-            events.append(json.loads(line))
-    return Run(out.returncode, events, out.stdout, out.stderr)
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut off by the time limit
+                continue
+    return events
 
 
 def claude(
@@ -146,11 +171,13 @@ def claude(
     return _run(cmd, _isolated(scratch, settings), scratch / "work", timeout_s)
 
 
-def codex(base_url: str, scratch: Path, prompt: str, *args: str, timeout_s: float = 600) -> Run:
+def codex(
+    base_url: str, scratch: Path, prompt: str, *args: str, timeout_s: float = 600, partial: bool = False
+) -> Run:
     """`codex exec --skip-git-repo-check --json ARGS PROMPT` with a Responses provider."""
     codex_home = scratch / "home" / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
     (codex_home / "config.toml").write_text(CODEX_CONFIG.format(model=MODEL, base_url=base_url))
     env = _isolated(scratch, {"CODEX_HOME": str(codex_home), "MLX_API_KEY": KEY})
     cmd = [str(BIN / "codex"), "exec", "--skip-git-repo-check", "--json", *args, prompt]
-    return _run(cmd, env, scratch / "work", timeout_s)
+    return _run(cmd, env, scratch / "work", timeout_s, partial)

@@ -7,7 +7,8 @@ settings it must get the context error it understands ("ran out of room"), provi
 field and tool it sends was accepted. Codex's own settings trim it (LEAN: its short-model
 knobs, instructions from a file) so the turn completes. The tool turn needs a model that calls
 tools: `--model qwen2.5-coder-0.5b` (MLX_SERVE_TOOL_MODEL overrides it), skipped when the
-server cannot load it; default settings there take minutes of prefill: MLX_SERVE_E2E_SLOW=1.
+server cannot load it. Default settings there: ~10,000 tokens of prefill, about three minutes
+on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ pytestmark = [
     ),
 ]
 TOOL_MODEL = os.environ.get("MLX_SERVE_TOOL_MODEL", "qwen2.5-coder-0.5b")
-SLOW = os.environ.get("MLX_SERVE_E2E_SLOW") == "1"
 MARKER = "mlx-serve-ok"
 INSTRUCTIONS = "You are a coding agent in a terminal. Use your tools when asked to; answer briefly.\n"
 
@@ -84,19 +84,30 @@ def test_lean_settings_complete_a_turn_on_smollm2(smollm: ServerProcess, tmp_pat
 @pytest.mark.timeout(1800)
 def test_calls_its_shell_tool_and_gets_the_result_back(tool_model: ServerProcess, tmp_path: Path) -> None:
     prompt = f"Run the shell command `echo {MARKER}` and tell me what it printed."
-    run = clis.codex(tool_model.url, tmp_path, prompt, *lean(tmp_path))
+    # Bounded: after its first call the model may go on calling tools, turn after turn.
+    run = clis.codex(tool_model.url, tmp_path, prompt, *lean(tmp_path), timeout_s=300, partial=True)
+    lines = [ln for ln in tool_model.log().splitlines() if "route=/v1/responses " in ln]
+    assert lines and all("status=200" in ln for ln in lines), run.stderr[-2000:]  # every turn answered
+    assert "finish=tool_calls" in lines[0]  # the model's first answer is a call (a line ends a request)
     commands = items(run, "command_execution")
-    said = " ".join(m["text"] for m in items(run, "agent_message"))
-    if not commands and "```json" in said and "exec_command" in said:
-        pytest.xfail(
-            "the model wrote its exec_command call in a ```json fence, which the engine does not read as a call"
-        )
-    assert commands and MARKER in commands[0]["command"], run.stdout[-3000:]
-    assert MARKER in commands[0]["aggregated_output"] and commands[0]["exit_code"] == 0
-    assert run.rc == 0 and items(run, "agent_message"), run.stdout[-3000:]
+    if not commands:
+        # Seen with Qwen2.5-Coder-0.5B, greedy: its exec_command fills in every optional field,
+        # `sandbox_permissions: "require_escalated"` included, which Codex's exec mode (approval
+        # "never") rejects; the model then tries write_stdin and other tools.
+        assert "codex_core::tools::router" in run.stderr, run.stderr[-2000:]  # Codex handled the call
+        pytest.xfail("the model's calls reach Codex and are answered, but Codex runs none of them")
+    assert MARKER in commands[0]["command"] and MARKER in commands[0]["aggregated_output"]
+    assert commands[0]["exit_code"] == 0
+    if run.timed_out or not items(run, "agent_message"):
+        pytest.xfail("the round trip works; the model then calls write_stdin instead of answering")
+    assert run.rc == 0, run.stdout[-3000:]
 
 
-@pytest.mark.skipif(not SLOW, reason="~10k tokens of prefill: minutes on a CPU (MLX_SERVE_E2E_SLOW=1)")
+@pytest.mark.timeout(3600)
 def test_default_settings_complete_a_turn(tool_model: ServerProcess, tmp_path: Path) -> None:
-    run = clis.codex(tool_model.url, tmp_path, "say hi", timeout_s=3600)
-    assert run.rc == 0 and items(run, "agent_message"), run.stdout[-3000:]
+    run = clis.codex(tool_model.url, tmp_path, "say hi", timeout_s=3000)
+    # The turn completes; whether the 0.5B says hi or only tries its tools first is the model's.
+    [done] = run.of_type("turn.completed")
+    assert run.rc == 0 and done["usage"]["output_tokens"] > 0, run.stdout[-3000:]
+    lines = [ln for ln in tool_model.log().splitlines() if "route=/v1/responses " in ln]
+    assert lines and all("status=200" in ln for ln in lines)
