@@ -209,16 +209,22 @@ def main() -> None:
     plain_rate = statistics.median(base)
     print(f"  plain            {plain_rate:8.1f} tok/s")
     for mode in [] if args.aggregate_only else modes:
-        for gamma in gammas if mode != "predict-edited" else [args.agg_gamma]:
-            rates, acc, same = [], [], True
+        # A prediction's draft length is its own (engine.speculation.drafting.PREDICTION_K): γ is moot.
+        for gamma in gammas if not mode.startswith("predict") else [args.agg_gamma]:
+            rates, acc, kept, same = [], [], [], True
             for _ in range(args.runs):
                 o = run(model, spec_for(mode, gamma), requests(2, "s", reference.tokens, mode, gamma), 1, eos)
                 same = same and all(o.tokens[f"s{i}"] == reference.tokens[f"plain{i}"] for i in range(2))
                 rates.append(statistics.median(o.decode_rates))
                 acc.append(o.acceptance)
+                answers = [reference.tokens[f"plain{i}"] for i in range(2)]
+                unchanged = sum(len(a) if mode == "predict" else len(a) - len(a) // 8 for a in answers)
+                kept.append(o.accepted / unchanged)
             r = statistics.median(rates)
+            share = f"  {statistics.median(kept):.2f} of unchanged tokens accepted" if mode.startswith("predict") else ""
             print(f"  {mode:<14} γ={gamma} {r:8.1f} tok/s  {r / plain_rate:5.2f}x  acceptance "
-                  f"{statistics.median(acc):.2f}  output {'identical' if same else 'DIFFERS'} to plain", flush=True)
+                  f"{statistics.median(acc):.2f}{share}  output {'identical' if same else 'DIFFERS'} to plain",
+                  flush=True)
     # aggregate
     print(f"\naggregate (closed loop, {args.tokens} tokens/request, γ={args.agg_gamma}; tok/s and ratio to plain)")
     for clients in [int(c) for c in args.clients.split(",")]:
