@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.server_proc import ServerProcess
 
 FILE_KEY, ENV_KEY = "sk-from-file-1", "sk-from-env-2"
+ALLOWED, OTHER = "https://app.example", "https://evil.example"
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,10 @@ def server(smollm_path: Path, folder: Path) -> Iterator[ServerProcess]:
     keys.write_text(f"# one key a line\n{FILE_KEY}\n")
     keys.chmod(0o600)
     s = ServerProcess(
-        ["--model", str(smollm_path), "--api-key-file", str(keys), "--trace", str(folder / "trace.jsonl")],
+        [
+            "--model", str(smollm_path), "--api-key-file", str(keys), "--trace", str(folder / "trace.jsonl"),
+            "--allowed-origins", ALLOWED,
+        ],
         folder / "server.log",
         env={"MLX_SERVE_API_KEY": ENV_KEY},
     )
@@ -57,6 +61,27 @@ def test_sdks_get_401_in_their_own_format(server: ServerProcess) -> None:
         an.messages.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
     assert ae.value.status_code == 401
     assert ae.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+
+
+def test_cors_over_real_http_preflight_and_401(server: ServerProcess) -> None:
+    """A browser sees the 401 body (not a CORS failure) from an allowed origin, and nothing from another."""
+    url = server.url + "/v1/chat/completions"
+    pre = {"access-control-request-method": "POST", "access-control-request-headers": "authorization,content-type"}
+    ok = httpx.options(url, headers={"origin": ALLOWED, **pre}, timeout=10)
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ALLOWED
+    assert "POST" in ok.headers["access-control-allow-methods"]
+    assert "authorization" in ok.headers["access-control-allow-headers"].lower()
+    bad = httpx.options(url, headers={"origin": OTHER, **pre}, timeout=10)
+    assert bad.status_code == 400 and "access-control-allow-origin" not in bad.headers
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    r = httpx.post(url, json=body, headers={"origin": ALLOWED}, timeout=10)
+    assert r.status_code == 401 and r.headers["access-control-allow-origin"] == ALLOWED
+    assert r.json()["error"]["code"] == "invalid_api_key"
+    r = httpx.post(url, json=body, headers={"origin": OTHER}, timeout=10)
+    assert r.status_code == 401 and "access-control-allow-origin" not in r.headers
+    m = httpx.post(server.url + "/v1/messages", json={}, headers={"origin": ALLOWED}, timeout=10)
+    assert m.status_code == 401 and m.headers["access-control-allow-origin"] == ALLOWED
+    assert m.json()["error"]["type"] == "authentication_error"
 
 
 def test_keys_from_file_and_env_both_work(server: ServerProcess) -> None:
