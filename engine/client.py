@@ -219,8 +219,9 @@ class EngineClient(abc.ABC):
         self._deliver(stream)
         return stream
 
-    def _loaded(self, model_id: str, tokenizer: Any, plan: MemoryPlan | None) -> None:
-        """Record what was loaded: the facts for the protocols and the plan for admission."""
+    def _loaded(self, model_id: str, tokenizer: Any, plan: MemoryPlan | None, span: int) -> None:
+        """Record what was loaded: the facts for the protocols and the plan for admission.
+        `span` is tokenizer.spelling_span(tokenizer), read where the tokenizer was loaded."""
         self.gate.size(plan)
         context = plan.context_limit if plan is not None else None
-        self.model = ModelInfo(model_id, ChatTokenizer(tokenizer, context), context)
+        self.model = ModelInfo(model_id, ChatTokenizer(tokenizer, context, span), context)

@@ -23,6 +23,7 @@ from engine.build import LOG_FORMAT
 from engine.client import EngineClient, EngineState, RequestStream
 from engine.core import Ticket
 from engine.errors import EngineFailed, ServeError
+from engine.tokenizer import spelling_span
 from engine.types import Counters, Event, Finished, Request
 
 log = logging.getLogger("mlx_serve.engine")
@@ -99,6 +100,7 @@ class ProcessEngine(EngineClient):
         self.restartable = restartable
         self._plan: ChildPlan | None = None
         self._tokenizer: Any = None
+        self._span = 0
         self._ready_info: dict[str, Any] | None = None  # the child is up; the tokenizer may not be
         self.restarts = 0
         self.info: dict[str, Any] = {}
@@ -123,21 +125,22 @@ class ProcessEngine(EngineClient):
             self._plan = self._prepare()
             self._hand_over(self._spawn)
             tokenizer = self._plan.load_tokenizer()
+            span = spelling_span(tokenizer)  # here, off the event loop
         except Exception as exc:
             log.debug("model preparation failed", exc_info=True)
             self._hand_over(self._load_failed, f"cannot load the model: {type(exc).__name__}: {exc}")
             return
-        self._hand_over(self._tokenizer_loaded, tokenizer)
+        self._hand_over(self._tokenizer_loaded, tokenizer, span)
 
-    def _tokenizer_loaded(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
+    def _tokenizer_loaded(self, tokenizer: Any, span: int) -> None:
+        self._tokenizer, self._span = tokenizer, span
         self._maybe_ready()
 
     def _maybe_ready(self) -> None:
         if self._tokenizer is None or self._ready_info is None or self.state is EngineState.FAILED:
             return
         assert self._plan is not None
-        self._loaded(self._plan.model_id, self._tokenizer, self._ready_info.get("memory_plan"))
+        self._loaded(self._plan.model_id, self._tokenizer, self._ready_info.get("memory_plan"), self._span)
         self.state, self.error = EngineState.READY, None
 
     def _load_failed(self, error: str) -> None:

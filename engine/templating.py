@@ -10,6 +10,12 @@
 - Tokenizing stops early for a prompt that cannot fit: growing prefixes are tokenized, and one
   that is already past the context is refused without reading the rest (a 30 MB prompt costs
   what its first few hundred KB cost).
+- Rendering stops early too (`too_long_verbatim`): a string so long that any `bound` characters
+  of it are more tokens than the context holds is rendered shortened to its head and tail; when
+  the template wrote either verbatim, the prompt cannot fit and is refused without rendering
+  (or copying) the whole. Otherwise (the template cut or changed the string) the full render
+  decides. This keeps a 30 MB message from holding the GIL (and so the event loop) for tens of
+  milliseconds in the template's string copies.
 """
 
 from __future__ import annotations
@@ -126,6 +132,45 @@ def render(
     if len(text) > limits.max_chars:
         raise ValueError(f"chat template failed: it rendered over {limits.max_chars:,} characters")
     return text
+
+
+VERBATIM_MARGIN = 1024  # characters a template may strip or change at either end of a string
+
+
+def too_long_verbatim(
+    wrapper: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+    bound: int,
+) -> int | None:
+    """The length of a string the template writes verbatim when `bound` characters of it cannot
+    fit the context (so neither can the prompt); None when there is none, or it cannot be told.
+
+    Each string over `bound` + 4 margins is rendered as its first `bound` + 2 margins characters
+    and its last margin; the piece checked for is the `bound` characters after the first margin,
+    so a template that trims or edits either end still shows it."""
+    pieces: list[str] = []
+    longest = 0
+    m = VERBATIM_MARGIN
+
+    def shorten(value: Any) -> Any:
+        nonlocal longest
+        if isinstance(value, str) and len(value) > bound + 4 * m:
+            pieces.append(value[m : m + bound])
+            longest = max(longest, len(value))
+            return value[: bound + 2 * m] + value[-m:]
+        if isinstance(value, dict):
+            return {k: shorten(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [shorten(v) for v in value]
+        return value
+
+    short_messages, short_tools = shorten(messages), shorten(tools)
+    if not pieces:
+        return None
+    text = render(wrapper, short_messages, short_tools, kwargs)
+    return longest if any(piece in text for piece in pieces) else None
 
 
 def encode_within(wrapper: Any, text: str, max_tokens: int | None, **options: Any) -> list[int]:

@@ -16,6 +16,7 @@ from typing import Any
 from engine.client import EngineClient, EngineState, RequestStream
 from engine.core import Core, Ticket
 from engine.loader import LoadedModel
+from engine.tokenizer import spelling_span
 from engine.types import Counters
 
 log = logging.getLogger("mlx_serve.engine")
@@ -59,7 +60,8 @@ class ThreadEngine(EngineClient):
         try:
             loaded = self._loader()
             core = self._make_core(loaded, self.counters)
-            self._loaded(loaded.model_id, loaded.tokenizer, getattr(core, "memory_plan", None))
+            plan, span = getattr(core, "memory_plan", None), spelling_span(loaded.tokenizer)
+            self._loaded(loaded.model_id, loaded.tokenizer, plan, span)
         except Exception as exc:
             log.debug("model failed to load", exc_info=True)
             self.error, self.state = f"cannot load the model: {type(exc).__name__}: {exc}", EngineState.FAILED

@@ -9,6 +9,7 @@ from typing import Any
 from jinja2 import Environment, TemplateError, meta
 
 from engine import templating
+from engine.errors import ContextTooLong
 
 # How a model whose chat template knows no tools learns of them: a system section in the hermes
 # markup the engine parses when the template names no other (engine.tools.formats.HERMES).
@@ -30,9 +31,10 @@ class ChatTokenizer:
     """Wraps mlx-lm's TokenizerWrapper. Pure CPU work, bounded (engine.templating): call it off
     the event loop. A prompt past `max_prompt_tokens` is refused with ContextTooLong."""
 
-    def __init__(self, wrapper: Any, max_prompt_tokens: int | None = None) -> None:
+    def __init__(self, wrapper: Any, max_prompt_tokens: int | None = None, span: int | None = None) -> None:
         self._wrapper = wrapper
         self.max_prompt_tokens = max_prompt_tokens
+        self._span = span  # spelling_span(wrapper), when the loader has it already
 
     @property
     def wrapper(self) -> Any:
@@ -88,12 +90,46 @@ class ChatTokenizer:
             messages, tools = with_tools_described(messages, tools), None
         if not self.has_chat_template:
             return self.encode(_plain_transcript(messages))
+        bound = self.verbatim_bound
+        if bound is not None and (
+            size := templating.too_long_verbatim(self._wrapper, messages, tools, kwargs, bound)
+        ):
+            raise ContextTooLong(
+                f"This model's maximum context length is {self.max_prompt_tokens} tokens, but the prompt holds "
+                f"a {size:,}-character string: any {bound:,} characters of it are more tokens than that. "
+                "Please shorten the prompt."
+            )
         text = templating.render(self._wrapper, messages, tools, kwargs)
         return templating.encode_within(self._wrapper, text, self.max_prompt_tokens, add_special_tokens=False)
+
+    @functools.cached_property
+    def verbatim_bound(self) -> int | None:
+        """A number of characters that is always more than `max_prompt_tokens` tokens, whatever the
+        text (see `spelling_span`)."""
+        if self.max_prompt_tokens is None:
+            return None
+        if self._span is None:
+            self._span = spelling_span(self._wrapper)
+        return (self.max_prompt_tokens + 1) * self._span if self._span else None
 
     def detokenizer(self) -> Any:
         """A fresh streaming detokenizer (UTF-8 safe: holds back partial characters)."""
         return self._wrapper.detokenizer
+
+
+def spelling_span(wrapper: Any) -> int:
+    """The most characters of text one token can stand for (0: cannot be told): its longest
+    spelling in the vocabulary, times how many characters of text one character of a spelling
+    can stand for (1 with no normalizer; 2 under NFC/NFD, which compose up to four characters
+    into one of three UTF-8 bytes; 4 under any other). Reading the vocabulary holds the GIL for
+    tens of milliseconds with a large one: do it as the model loads, off the event loop."""
+    vocab = wrapper.get_vocab() if hasattr(wrapper, "get_vocab") else None
+    if not vocab:
+        return 0
+    backend = getattr(getattr(wrapper, "_tokenizer", wrapper), "backend_tokenizer", None)
+    normalizer = getattr(backend, "normalizer", None)
+    factor = 1 if normalizer is None else 2 if str(normalizer) in ("NFC()", "NFD()") else 4
+    return factor * max(len(k) for k in vocab)
 
 
 def template_uses_tools(template: Any) -> bool:

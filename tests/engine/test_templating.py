@@ -101,7 +101,61 @@ def test_a_prompt_past_the_context_is_refused_from_a_prefix(wrapper: Any) -> Non
         chat.encode("a" * 30_000_000)
     assert seen == [4096 * templating.PROBE_CHARS_PER_TOKEN]
     seen.clear()
+    # A message just under the verbatim bound is rendered whole and refused from a prefix.
+    assert chat.verbatim_bound is not None
     with pytest.raises(ContextTooLong):
-        chat.render_chat([{"role": "user", "content": "b" * 30_000_000}])
+        chat.render_chat([{"role": "user", "content": "b" * chat.verbatim_bound}])
     assert max(seen) == 4096 * templating.PROBE_CHARS_PER_TOKEN
     assert len(chat.encode("c" * 4000)) == 4000  # a prompt that fits is tokenized whole, once
+
+
+class Spy:
+    """The real wrapper, with the longest string each render was handed and each encode's length."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper, self.rendered, self.encoded = wrapper, [], []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapper, name)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+        self.rendered.append(max(len(str(m.get("content", ""))) for m in messages))
+        return self.wrapper.apply_chat_template(messages, **kwargs)
+
+    def encode(self, text: str, **options: Any) -> list[int]:
+        self.encoded.append(len(text))
+        return list(self.wrapper.encode(text, **options))
+
+
+def test_a_message_past_any_context_is_refused_without_rendering_it_whole(wrapper: Any) -> None:
+    # Issue 15: a 30 MB message was copied by the template several times, holding the GIL (and so
+    # the event loop: /health) for tens of milliseconds, before the prefix check refused it.
+    spy = Spy(wrapper)
+    chat = ChatTokenizer(spy, max_prompt_tokens=4096)
+    bound = chat.verbatim_bound
+    assert bound is not None
+    system = {"role": "system", "content": "be brief"}
+    with pytest.raises(ContextTooLong, match=r"maximum context length is 4096 tokens.*30,000,000-character"):
+        chat.render_chat([system, {"role": "user", "content": "  b" * 10_000_000}])
+    assert spy.rendered and max(spy.rendered) < bound + 4 * templating.VERBATIM_MARGIN
+    assert spy.encoded == []  # refused before tokenizing anything
+
+
+def test_the_verbatim_bound_is_more_tokens_than_the_context_whatever_the_text(wrapper: Any) -> None:
+    chat = ChatTokenizer(wrapper, max_prompt_tokens=4096)
+    bound = chat.verbatim_bound
+    assert bound is not None
+    longest = max(wrapper.get_vocab(), key=len)  # a special token: the most characters one token covers
+    worst = (longest * (bound // len(longest) + 1))[:bound]
+    assert len(wrapper.encode(worst, add_special_tokens=False)) > 4096
+
+
+def test_a_template_that_cuts_the_long_string_is_rendered_whole_and_fits() -> None:
+    # The shortened render cannot tell what a template that slices content would write: the full
+    # render decides, and a prompt that fits is served.
+    cut = CHATML.replace("{{ message['content'] }}", "{{ message['content'][:40] }}")
+    spy = Spy(byte_tokenizer(cut))
+    chat = ChatTokenizer(spy, max_prompt_tokens=4096)
+    ids = chat.render_chat([{"role": "user", "content": "x" * 3_000_000}])
+    assert max(spy.rendered) == 3_000_000
+    assert "x" * 40 + "<|im_end|>" in spy.wrapper.decode(ids)
