@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import orjson
 
-from bench.servers import ServerSpec, server_cwd, start_server, stop_server, wait_healthy
+from bench.servers import bench_parser, mlx_serve_running
 
 POLL_S = 0.005
 
@@ -60,20 +58,10 @@ def percentile(values: list[float], p: float) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    log_dir = Path(tempfile.mkdtemp(prefix="loop-latency-"))
-    spec = ServerSpec(
-        "mlx-serve",
-        Path(args.model),
-        args.mlx_serve_args.split(),
-        dict(os.environ),
-        server_cwd("mlx-serve", log_dir),
-    )
-    server = start_server(spec, log_dir / "mlx-serve.log")
-    try:
-        await wait_healthy(server, 600)
+    async with mlx_serve_running(args, "loop-latency") as url:
         pooled: list[float] = []
         for i in range(args.rounds):
-            took, status, waits = await round_trip(server.base_url, args.mb)
+            took, status, waits = await round_trip(url, args.mb)
             ms = [w * 1000 for w in waits]
             pooled += ms
             print(
@@ -84,14 +72,10 @@ async def main(args: argparse.Namespace) -> None:
             f"all {args.rounds} rounds: /health x{len(pooled)}: p50 {statistics.median(pooled):.1f} ms, "
             f"p99 {percentile(pooled, 0.99):.1f} ms, max {max(pooled):.1f} ms"
         )
-    finally:
-        stop_server(server)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
+    parser = bench_parser(__doc__)
     parser.add_argument("--mb", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--mlx-serve-args", default="")
     asyncio.run(main(parser.parse_args()))

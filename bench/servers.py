@@ -7,13 +7,17 @@ process group it started (an engine child included) and nothing else.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,3 +164,26 @@ def _descendants(pid: int) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags every single-server bench takes: the model, and extra mlx-serve flags."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--mlx-serve-args", default="", help="extra mlx-serve flags, space-separated")
+    return parser
+
+
+@contextlib.asynccontextmanager
+async def mlx_serve_running(args: argparse.Namespace, tag: str, timeout_s: float = 900) -> AsyncIterator[str]:
+    """mlx-serve on args.model (plus args.mlx_serve_args), healthy; yields its base URL."""
+    log_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
+    spec = ServerSpec(
+        "mlx-serve", Path(args.model), args.mlx_serve_args.split(), dict(os.environ), server_cwd("mlx-serve", log_dir)
+    )
+    server = start_server(spec, log_dir / "mlx-serve.log")
+    try:
+        await wait_healthy(server, timeout_s)
+        yield server.base_url
+    finally:
+        stop_server(server)

@@ -158,6 +158,7 @@ def main() -> None:
     p.add_argument("--agg-gamma", type=int, default=3)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--modes", default="ngram,draft,draft-forced,predict,predict-edited")
+    p.add_argument("--prompts", type=int, default=16, help="distinct prompts (the plain reference answers each)")
     p.add_argument("--aggregate-only", action="store_true")
     p.add_argument("--agg-runs", type=int, default=1,
                    help="aggregate rounds (plain then every mode); medians of the per-round ratios")
@@ -172,7 +173,7 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if not m.startswith("draft") or draft is not None]
     eos = frozenset(tokenizer.eos_token_ids)
     gammas = [int(g) for g in args.gammas.split(",")]
-    ids = prompts(tokenizer, 16)
+    ids = prompts(tokenizer, args.prompts)
     print(f"device {mx.default_device()}  model {args.model}  draft {args.draft}  tokens {args.tokens}")
 
     def requests(n: int, tag: str, plain: dict[str, list[int]] | None = None, mode: str = "",
