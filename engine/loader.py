@@ -14,6 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
+from engine import dequantized
 from engine.gguf.slices import SlicedGGUF
 
 log = logging.getLogger("mlx_serve.loader")
@@ -179,21 +180,48 @@ def load_tokenizer(spec: ModelSpec) -> Any:
 
 
 def load_model(spec: ModelSpec) -> LoadedModel:
-    """Weights and tokenizer through mlx-lm (weights are evaluated here, not lazily)."""
+    """Weights and tokenizer through mlx-lm (weights are evaluated here, not lazily). Weights
+    served dequantized come from their float32 copy once there is one (engine.dequantized)."""
+    copy = dequantized.copy_folder(spec.path, cache_root()) if spec.adapter_path is None else None
+    if copy is not None and copy.is_dir() and _serves_float32(spec.dequantize):
+        log.info("loading %s from %s (float32 copy of %s) ...", spec.model_id, copy, spec.path)
+        model, tokenizer = _mlx_load(copy, spec)
+        return LoadedModel(model=model, tokenizer=tokenizer, model_id=spec.model_id, path=spec.path)
+    log.info("loading %s from %s ...", spec.model_id, spec.path)
+    model, tokenizer = _mlx_load(spec.path, spec)
+    quantized = is_quantized(model)
+    model = maybe_dequantize(model, spec.dequantize)
+    if copy is not None and quantized and not is_quantized(model):
+        dequantized.save_copy(model, spec.path, copy)
+    return LoadedModel(model=model, tokenizer=tokenizer, model_id=spec.model_id, path=spec.path)
+
+
+def _mlx_load(path: Path, spec: ModelSpec) -> tuple[Any, Any]:
     from mlx_lm.utils import load as mlx_load
 
-    log.info("loading %s from %s ...", spec.model_id, spec.path)
-    model, tokenizer = cast(
+    return cast(
         "tuple[Any, Any]",  # (model, tokenizer) without return_config; typed as a union upstream
         mlx_load(
-            str(spec.path),
+            str(path),
             adapter_path=spec.adapter_path,
             tokenizer_config=spec.tokenizer_config(),
             trust_remote_code=spec.trust_remote_code,
         ),
     )
-    model = maybe_dequantize(model, spec.dequantize)
-    return LoadedModel(model=model, tokenizer=tokenizer, model_id=spec.model_id, path=spec.path)
+
+
+def _serves_float32(choice: str) -> bool:
+    """Whether maybe_dequantize would dequantize a quantized model that fits (see there)."""
+    import mlx.core as mx
+
+    return choice == "always" or (choice == "auto" and mx.default_device() == mx.cpu)
+
+
+def is_quantized(model: Any) -> bool:
+    from mlx.utils import tree_flatten
+
+    params = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
+    return any(k.endswith(".scales") for k, _ in params)
 
 
 def maybe_dequantize(model: Any, choice: str = "auto") -> Any:
@@ -205,11 +233,9 @@ def maybe_dequantize(model: Any, choice: str = "auto") -> Any:
     DEQUANTIZE_RAM_FRACTION of RAM; `always` and `never` force it.
     """
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_lm.utils import dequantize_model
 
-    params = cast("list[tuple[str, mx.array]]", tree_flatten(model.parameters()))
-    if choice == "never" or not any(k.endswith(".scales") for k, _ in params):
+    if choice == "never" or not is_quantized(model):
         return model
     if choice == "auto":
         if mx.default_device() != mx.cpu:
