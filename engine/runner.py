@@ -163,16 +163,11 @@ class BatchRunner:
         if not self._can_speculate or request.grammar is not None:
             return None  # a constrained row's matcher follows one token a step: it does not speculate
         conf, asked = self.speculation, request.num_draft_tokens
-        k = conf.num_draft_tokens if asked is None else min(asked, conf.num_draft_tokens)
         if request.prediction:  # its draft length is the prediction's (a request may lower it)
             k = PREDICTION_K if asked is None else min(asked, PREDICTION_K)
-            return (
-                RowSpeculation(
-                    PredictionLookup(request.prediction, len(request.prompt_tokens)), k, prediction=True
-                )
-                if k > 0
-                else None
-            )
+            lookup = PredictionLookup(request.prediction, len(request.prompt_tokens))
+            return RowSpeculation(lookup, k, prediction=True) if k > 0 else None
+        k = conf.num_draft_tokens if asked is None else min(asked, conf.num_draft_tokens)
         if conf.kind is None or k <= 0:
             return None
         return RowSpeculation(None if conf.kind == "draft" else PromptLookup(), k)
