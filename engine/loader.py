@@ -182,8 +182,9 @@ def load_tokenizer(spec: ModelSpec) -> Any:
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Weights and tokenizer through mlx-lm (weights are evaluated here, not lazily). Weights
     served dequantized come from their float32 copy once there is one (engine.dequantized)."""
-    copy = dequantized.copy_folder(spec.path, cache_root()) if spec.adapter_path is None else None
-    if copy is not None and copy.is_dir() and _serves_float32(spec.dequantize):
+    served_float32 = spec.adapter_path is None and _serves_float32(spec.dequantize)
+    copy = dequantized.copy_folder(spec.path, cache_root()) if served_float32 else None
+    if copy is not None and copy.is_dir():
         log.info("loading %s from %s (float32 copy of %s) ...", spec.model_id, copy, spec.path)
         model, tokenizer = _mlx_load(copy, spec)
         return LoadedModel(model=model, tokenizer=tokenizer, model_id=spec.model_id, path=spec.path)

@@ -11,10 +11,10 @@
   that is already past the context is refused without reading the rest (a 30 MB prompt costs
   what its first few hundred KB cost).
 - Rendering stops early too (`too_long_verbatim`): a string so long that any `bound` characters
-  of it are more tokens than the context holds is rendered shortened to its head and tail; when
-  the template wrote either verbatim, the prompt cannot fit and is refused without rendering
-  (or copying) the whole. Otherwise (the template cut or changed the string) the full render
-  decides. This keeps a 30 MB message from holding the GIL (and so the event loop) for tens of
+  of it are more tokens than the context holds is rendered shortened (its first `bound` + 2
+  margins characters and its last margin); when the template wrote the `bound` characters after
+  the first margin verbatim, the prompt cannot fit and is refused without rendering (or copying)
+  the whole. Otherwise (the template cut or changed the string) the full render decides. This keeps a 30 MB message from holding the GIL (and so the event loop) for tens of
   milliseconds in the template's string copies.
 """
 
