@@ -1,6 +1,6 @@
 """Build a random-weight Llama model folder that mlx-lm (and mlx-serve) can load.
 
-    python -m bench.make_model --shape tiny|1b|8b --out DIR [--tokenizer-from DIR|FILE.gguf|smollm2]
+    python -m bench.make_model --shape tiny|layers16|1b|8b --out DIR [--tokenizer-from DIR|FILE.gguf|smollm2]
         [--dtype auto|float32|bfloat16|float16] [--seed 0]
     python -m bench.make_model --tokenizer-only --out DIR [--tokenizer-from ...]
 
@@ -51,6 +51,9 @@ class LlamaShape:
 
 SHAPES: dict[str, LlamaShape] = {
     "tiny": LlamaShape(128, 4, 4, 2, 384, 49152, True, 100000.0),
+    # The 1B's 16 layers at almost no arithmetic: a step costs what its Python and graph cost,
+    # as a small model's step does on a GPU (a CPU proxy for per-token overhead).
+    "layers16": LlamaShape(32, 16, 2, 1, 64, 49152, True, 100000.0),
     "1b": LlamaShape(2048, 16, 32, 8, 8192, 128256, True, 500000.0),
     "8b": LlamaShape(4096, 32, 32, 8, 14336, 128256, False, 500000.0),
 }
@@ -206,7 +209,7 @@ def make_model(shape_name: str, out: Path, tokenizer_from: str, dtype: str, seed
     copy_tokenizer(tokenizer_from, out)
     n_tokens, specials = tokenizer_facts(out)
     shape = SHAPES[shape_name]
-    if shape_name == "tiny":
+    if shape_name in ("tiny", "layers16"):
         shape = LlamaShape(**{**asdict(shape), "vocab_size": n_tokens})
     banned = specials + list(range(n_tokens, shape.vocab_size))
     dtype = resolve_dtype(dtype)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,18 +90,43 @@ async def drive_levels(
             failed = sum(not r.ok for r in warm.records)
             if failed:
                 print(f"  {outcome.name} C={concurrency}: {failed} warm-up request(s) failed", flush=True)
-        level = await run_level(server.base_url, level_spec(plan, book, number, concurrency, False),
-                                plan.processes_for(concurrency))
+        with health_probe(server.base_url) as probes:
+            level = await run_level(server.base_url, level_spec(plan, book, number, concurrency, False),
+                                    plan.processes_for(concurrency))
         outcome.levels.append(level)
         failed = sum(not r.ok for r in level.records)
         print(
             f"  {outcome.name} C={concurrency}: {len(level.records) - failed} ok, {failed} failed"
-            f" in {level.wall_s:.1f} s",
+            f" in {level.wall_s:.1f} s; {describe_probes(probes)}",
             flush=True,
         )
         if failed and (down := await why_down(server)):
             outcome.error = f"after C={concurrency}: {down}"
             return
+
+
+@contextlib.contextmanager
+def health_probe(base_url: str) -> Iterator[list[float]]:
+    """/health latencies (ms) while the block runs, polled from a process of its own."""
+    probes: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-health-") as tmp:
+        out = Path(tmp) / "health.txt"
+        proc = subprocess.Popen([sys.executable, "-m", "bench.health_probe", base_url, str(out)], cwd=REPO_ROOT)
+        try:
+            yield probes
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            if out.exists():
+                probes += [float(x) for x in out.read_text().split()]
+
+
+def describe_probes(probes: list[float]) -> str:
+    if not probes:
+        return "/health not probed"
+    ordered = sorted(probes)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return f"/health x{len(ordered)}: p50 {ordered[len(ordered) // 2]:.1f} ms, p99 {p99:.1f} ms, max {ordered[-1]:.1f} ms"
 
 
 async def why_down(server: RunningServer) -> str | None:

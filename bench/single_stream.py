@@ -1,0 +1,121 @@
+"""One stream, interleaved: direct mlx-lm, our engine in process, and the servers over HTTP.
+
+    python -m bench.single_stream --model DIR [--tokens 128] [--rounds 5] [--servers mlx-serve,mlx_lm]
+        [--mlx-serve-args '...']
+
+A shared host's speed drifts by tens of percent over minutes (the H200 hosts did), so measuring
+each contender in its own stretch of time compares the drift, not the code. Here every round
+runs each contender once, back to back, on the same prompt: direct `stream_generate` and our
+scheduler + batch runner in this process (the model loaded once), then one streaming chat
+request to each server (started once, healthy, warmed up). Every decode rate is counted the
+same way: tokens after the first over the time from the first token to the last (on the client,
+for HTTP). Reported: per contender the median decode rate, and per round its ratio to that
+round's direct run (median and range over rounds). Greedy; the same prompt every time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import mlx.core as mx
+import orjson
+from mlx_lm.generate import stream_generate
+
+from bench.load import RequestRecord, read_stream
+from bench.servers import RunningServer, ServerSpec, server_cwd, start_server, stop_server, wait_healthy
+from bench.speculation import load_as_served
+from engine.runner import BatchRunner
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.types import Request, SamplingParams
+
+MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
+
+
+def rate(times: list[float]) -> float:
+    """Tokens after the first over the time from the first to the last."""
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+
+
+def direct(model: Any, tokenizer: Any, prompt: list[int], n: int) -> float:
+    return rate([time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)])
+
+
+def in_process(model: Any, prompt: list[int], n: int) -> float:
+    sched, runner = Scheduler(SchedulerConfig(), frozenset()), BatchRunner(model)
+    sched.add(Request("r", tuple(prompt), SamplingParams(), n))
+    times: list[float] = []
+    while sched.has_work:
+        plan = sched.schedule()
+        for sid in plan.admitted:
+            runner.admit(sched.get(sid).request)  # type: ignore[union-attr]
+        times += [time.perf_counter() for _ in sched.update(plan, runner.step(plan))]
+    return rate(times)
+
+
+async def over_http(client: httpx.AsyncClient, n: int) -> float:
+    body = {"model": "default", "messages": MESSAGES, "max_tokens": n, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    record = RequestRecord(0, 0, time.perf_counter())
+    async with client.stream("POST", "/v1/chat/completions", content=orjson.dumps(body),
+                             headers={"content-type": "application/json"}) as response:
+        response.raise_for_status()
+        await read_stream(response, record)
+    return record.decode_tps or 0.0
+
+
+async def main(args: argparse.Namespace) -> None:
+    model, tokenizer = load_as_served(args.model)
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    names = [s for s in args.servers.split(",") if s]
+    rates: dict[str, list[float]] = {"direct": [], "in process": [], **{s: [] for s in names}}
+    async with contextlib.AsyncExitStack() as stack:
+        clients: dict[str, httpx.AsyncClient] = {}
+        log_dir = Path(tempfile.mkdtemp(prefix="single-stream-"))
+        for name in names:
+            extra = args.mlx_serve_args.split() if name == "mlx-serve" else []
+            spec = ServerSpec(name, Path(args.model), extra, dict(os.environ), server_cwd(name, log_dir))
+            server: RunningServer = start_server(spec, log_dir / f"{name}.log")
+            stack.callback(stop_server, server)
+            await wait_healthy(server, 900)
+            clients[name] = await stack.enter_async_context(httpx.AsyncClient(base_url=server.base_url, timeout=900))
+        local: dict[str, Callable[[], float]] = {
+            "direct": lambda: direct(model, tokenizer, prompt, args.tokens),
+            "in process": lambda: in_process(model, prompt, args.tokens),
+        }
+        for _ in range(2):  # warm-up: every shape of a run compiles once
+            for fn in local.values():
+                fn()
+            for client in clients.values():
+                await over_http(client, args.tokens)
+        for _ in range(args.rounds):
+            for name, fn in local.items():
+                rates[name].append(fn())
+            for name, client in clients.items():
+                rates[name].append(await over_http(client, args.tokens))
+    print(f"device {mx.default_device()}  model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved")
+    for name, rs in rates.items():
+        ratios = [r / d for r, d in zip(rs, rates["direct"], strict=True)]
+        line = f"  {name:<11} decode {statistics.median(rs):8.1f} tok/s [{min(rs):.1f}-{max(rs):.1f}]"
+        if name != "direct":
+            line += f"  {statistics.median(ratios):.3f}x direct [{min(ratios):.3f}-{max(ratios):.3f}]"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--servers", default="mlx-serve,mlx_lm")
+    p.add_argument("--mlx-serve-args", default="", help="extra mlx-serve flags, space-separated")
+    asyncio.run(main(p.parse_args()))
