@@ -113,6 +113,9 @@ class RequestStream:
         if isinstance(ev, (Finished, ServeError)):
             self.tickets[i].aborted.set()  # nothing more will come: a later cancel sends nothing
 
+    def pending(self) -> int:
+        return 0 if self.done else self._events.qsize()
+
     async def next(self) -> tuple[int, Event] | None:
         if self.done:
             return None

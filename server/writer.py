@@ -157,20 +157,34 @@ async def stream_sse(
 
 
 async def _pump(stream: EventStream, renderer: StreamRenderer, body: _BodySender, heartbeat_s: float) -> None:
+    """One body chunk per wake-up: the event waited for and every event already queued behind
+    it. A loop that falls behind many streams then pays a send per stream, not per token; one
+    that keeps up sends each event as it comes. The heartbeat timer runs only while waiting."""
     while True:
+        chunk: list[bytes] = []
         try:
-            async with asyncio.timeout(heartbeat_s):
+            if stream.pending():
+                item = await stream.next()
+            else:
+                async with asyncio.timeout(heartbeat_s):
+                    item = await stream.next()
+            while item is not None:
+                i, ev = item
+                chunk.append(
+                    encode(renderer.finish(ev, i) if isinstance(ev, Finished) else renderer.delta(ev, i))
+                )
+                if not stream.pending():
+                    break
                 item = await stream.next()
         except TimeoutError:
             await body(encode_frame(renderer.heartbeat()))
             continue
         except ServeError as exc:
-            await body(encode(renderer.error(exc)))
+            await body(b"".join(chunk) + encode(renderer.error(exc)))
             return
+        await body(b"".join(chunk))
         if item is None:
             return
-        i, ev = item
-        await body(encode(renderer.finish(ev, i) if isinstance(ev, Finished) else renderer.delta(ev, i)))
 
 
 class _BodySender:

@@ -49,6 +49,9 @@ class FakeStream:
         for item in items:
             self.queue.put_nowait(item)
 
+    def pending(self) -> int:
+        return self.queue.qsize()
+
     async def next(self) -> tuple[int, Event] | None:
         item = await self.queue.get()
         if isinstance(item, ServeError):
@@ -149,8 +152,15 @@ def test_encode_a_batch_is_its_frames_in_order() -> None:
 
 def test_stream_sse_headers_then_one_chunk_per_engine_event() -> None:
     stream, client = FakeStream(), Client()
-    stream.put((0, TextDelta("Hel")), (0, TextDelta("")), (0, TextDelta("lo")), (0, STOP), None)
-    run(streamed(stream, client))
+
+    async def go() -> None:
+        task = asyncio.create_task(streamed(stream, client))
+        for item in ((0, TextDelta("Hel")), (0, TextDelta("")), (0, TextDelta("lo")), (0, STOP), None):
+            await asyncio.sleep(0.01)  # each event arrives while the writer waits: it goes out alone
+            stream.put(item)
+        await task
+
+    run(go())
     assert client.messages[0] == {
         "type": "http.response.start",
         "status": 200,
@@ -167,6 +177,18 @@ def test_stream_sse_headers_then_one_chunk_per_engine_event() -> None:
     assert stream.cancels == 1  # a finished call is let go all the same
 
 
+def test_stream_sse_events_already_queued_go_out_as_one_chunk_in_order() -> None:
+    # A loop that fell behind finds several tokens of a stream waiting: one send for all of them.
+    stream, client = FakeStream(), Client()
+    stream.put((0, TextDelta("Hel")), (0, TextDelta("lo")), (0, TextDelta(" you")), (0, STOP), None)
+    run(streamed(stream, client))
+    assert client.chunks == [
+        b'event: start\ndata: {"type":"start"}\n\n',
+        b'data: {"text":"Hel","index":0}\n\ndata: {"text":"lo","index":0}\n\n'
+        b'data: {"text":" you","index":0}\n\ndata: {"finish":"stop"}\n\ndata: [DONE]\n\n',
+    ]
+
+
 def test_stream_sse_sends_heartbeats_while_the_engine_is_quiet() -> None:
     stream, client = FakeStream(), Client()
 
@@ -178,12 +200,11 @@ def test_stream_sse_sends_heartbeats_while_the_engine_is_quiet() -> None:
 
     run(go())
     chunks = client.chunks
-    beats = chunks[1:-2]
+    beats = chunks[1:-1]
     assert len(beats) >= 3 and set(beats) == {b": keep-alive\n\n"}
-    assert chunks[-2:] == [
-        b'data: {"text":"a","index":0}\n\n',
-        b'data: {"finish":"stop"}\n\ndata: [DONE]\n\n',
-    ]
+    assert chunks[-1] == (  # what came together goes out together
+        b'data: {"text":"a","index":0}\n\ndata: {"finish":"stop"}\n\ndata: [DONE]\n\n'
+    )
 
 
 def test_stream_sse_error_after_headers_is_the_renderers_error_frame() -> None:
@@ -191,7 +212,9 @@ def test_stream_sse_error_after_headers_is_the_renderers_error_frame() -> None:
     stream.put((0, TextDelta("a")), EngineFailed("engine crashed"), (0, TextDelta("never")))
     run(streamed(stream, client))
     assert client.messages[0]["status"] == 200
-    assert client.chunks[-1] == b'event: error\ndata: {"error":"engine crashed"}\n\ndata: [DONE]\n\n'
+    assert client.chunks[-1] == (  # the text before the error, then the renderer's error frame
+        b'data: {"text":"a","index":0}\n\nevent: error\ndata: {"error":"engine crashed"}\n\ndata: [DONE]\n\n'
+    )
     assert b"never" not in b"".join(client.chunks)
     assert stream.cancels == 1
 
