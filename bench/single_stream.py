@@ -63,7 +63,8 @@ def in_process(model: Any, prompt: list[int], n: int) -> float:
 
 
 async def over_http(client: httpx.AsyncClient, n: int) -> float:
-    body = {"model": "default", "messages": MESSAGES, "max_tokens": n, "temperature": 0, "stream": True,
+    # "default_model": the model each server was started with (mlx_lm.server loads any other name)
+    body = {"model": "default_model", "messages": MESSAGES, "max_tokens": n, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     record = RequestRecord(0, 0, time.perf_counter())
     async with client.stream("POST", "/v1/chat/completions", content=orjson.dumps(body),

@@ -29,8 +29,11 @@ def phases(line: dict[str, Any]) -> dict[str, float]:
         if engine.get("first_token") is not None:
             out["engine_first_token"] = submitted + engine["first_token"]
             out["prefill_after_admission"] = engine["first_token"] - engine["admission_wait"]
-        if out.get("first_token") is not None and engine.get("first_token") is not None:
-            out["engine_to_server"] = out["first_token"] - out["engine_first_token"]
+        # The hop: the first delta the engine sent to the server's first (a token's text may be
+        # held back for later tokens; traces from before the engine stamped it use the first token).
+        first_sent = engine.get("first_delta") or engine.get("first_token")
+        if out.get("first_token") is not None and first_sent is not None:
+            out["engine_to_server"] = out["first_token"] - (submitted + first_sent)
     return out
 
 

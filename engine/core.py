@@ -69,6 +69,7 @@ class Clock:
     accepted: float
     admitted: float | None = None
     first_token: float | None = None
+    first_delta: float | None = None
     chunks: list[tuple[int, float]] = field(default_factory=list)
 
     def timings(self, now: float) -> EngineTimings:
@@ -81,6 +82,7 @@ class Clock:
             since(self.first_token),
             round(now - self.accepted, 6),
             self.accepted,
+            since(self.first_delta),
         )
 
 
@@ -333,7 +335,10 @@ class Core:
         if clock is not None and clock.first_token is None:
             clock.first_token = time.perf_counter()
         if u.finish is not FinishReason.STOP:  # an EOS token has no text
-            for delta in text.add(u.token, self._token_logprob(u)):
+            deltas = text.add(u.token, self._token_logprob(u))
+            if deltas and clock is not None and clock.first_delta is None:
+                clock.first_delta = time.perf_counter()
+            for delta in deltas:
                 ticket.emit(delta)
         over = text.stops.matched is not None or text.calls_ended  # the answer ended before the model did
         if u.finish is None and not over:

@@ -129,6 +129,8 @@ class EngineTimings:
     # When the engine took the request in, on the machine-wide monotonic clock (time.perf_counter
     # in any process), so the hop from the server to an engine process can be told apart.
     arrived_at: float | None = None
+    # The first delta sent to the consumer (a token's text may be held back: UTF-8, stop strings).
+    first_delta_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -240,6 +240,7 @@ def _engine_phases(t: EngineTimings | None, arrived: float) -> dict[str, Any] | 
         "admission_wait": t.admitted_s,
         "prefill_chunks": [list(c) for c in t.prefill_chunks],
         "first_token": t.first_token_s,
+        "first_delta": t.first_delta_s,
         "finished": t.finished_s,
     }
 

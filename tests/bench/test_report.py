@@ -45,6 +45,8 @@ def test_trace_summary_splits_ttft_into_queue_prefill_and_the_hops_between_proce
     assert abs(got["engine_admission_wait"] - 0.43) < 1e-9  # the engine clock starts when it took it in
     assert abs(got["prefill_after_admission"] - 0.1) < 1e-9
     assert abs(got["engine_to_server"] - 0.03) < 1e-9  # first token: engine 0.53, server 0.56
+    held = phases({**line, "engine_s": [{**line["engine_s"][0], "first_delta": 0.52}]})
+    assert abs(held["engine_to_server"] - 0.01) < 1e-9  # its text went out at 0.55: the hop is 0.01
     old = phases({"phases_s": {"submitted": 0.01, "first_token": 0.6},
                   "engine_s": [{"admission_wait": 0.4, "first_token": 0.5}]})  # no engine_in: from submit
     assert abs(old["engine_first_token"] - 0.51) < 1e-9

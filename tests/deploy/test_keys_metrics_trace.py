@@ -135,6 +135,9 @@ def test_trace_and_log_line_per_request(server: ServerProcess, folder: Path) -> 
     # reached the server after the engine made it: one clock across processes
     assert p["body_read"] <= engine["engine_in"] <= p["first_token"]
     assert engine["engine_in"] + engine["first_token"] <= p["first_token"]
+    # the first delta the engine sent (its text, once whole) left after the first token and before
+    # the server had it
+    assert engine["first_token"] <= engine["first_delta"] <= p["first_token"] - engine["engine_in"]
     assert sum(n for n, _ in engine["prefill_chunks"]) >= 1 and all(s > 0 for _, s in engine["prefill_chunks"])
     logged = [ln for ln in server.log().splitlines() if f"request id={r.id} " in ln]
     assert len(logged) == 1 and "status=200" in logged[0] and "completion_tokens=4" in logged[0]

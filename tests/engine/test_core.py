@@ -116,6 +116,7 @@ def test_core_streams_pieces_then_finishes_on_eos() -> None:
     t = client.timings  # the trace's engine phases: admission wait, one prefill chunk, first token
     assert t is not None and len(t.prefill_chunks) == 1 and t.prefill_chunks[0][0] == 3
     assert t.first_token_s is not None and 0 <= t.admitted_s <= t.first_token_s <= t.finished_s
+    assert t.first_delta_s is not None and t.first_token_s <= t.first_delta_s <= t.finished_s
     assert h.runner.steps_taken == [4]
     assert (h.core.counters.requests_started, h.core.counters.requests_finished) == (1, 1)
     assert not h.core.tickets and not h.core.texts
