@@ -10,14 +10,13 @@ from tests.support.server_proc import ServerProcess
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("mlx-serve-cache")
+def smollm_path() -> Path:
+    """SmolLM2-135M-Instruct converted by our GGUF loader (the default model), once into the user
+    cache ($MLX_SERVE_CACHE or ~/.cache/mlx-serve) as the server does, reused by later runs: the
+    servers the tests start keep their float32 copy of it there, keyed by its path."""
+    from engine.loader import cache_root
 
-
-@pytest.fixture(scope="session")
-def smollm_path(cache_dir: Path) -> Path:
-    """SmolLM2-135M-Instruct converted by our GGUF loader (the default model)."""
-    return smollm_folder(cache_dir)
+    return smollm_folder(cache_root())
 
 
 @pytest.fixture(scope="session")

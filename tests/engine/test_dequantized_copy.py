@@ -52,3 +52,32 @@ def test_a_changed_model_folder_gets_a_new_copy(smollm_path: Path, tmp_path: Pat
     (folder / "config.json").unlink()
     (folder / "config.json").write_text((smollm_path / "config.json").read_text() + "\n")
     assert dequantized.copy_folder(folder, tmp_path) != before
+
+
+def _source(folder: Path, config: str = "{}") -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    (folder / "model.safetensors").write_bytes(b"quantized weights stand-in")
+    return folder
+
+
+def test_writing_a_copy_deletes_those_whose_model_folder_is_gone_or_changed(tmp_path: Path) -> None:
+    import mlx.nn as nn
+
+    model, root = nn.Linear(2, 2), tmp_path / "cache"
+    a, b = _source(tmp_path / "a"), _source(tmp_path / "b")
+    old_a, old_b = dequantized.copy_folder(a, root), dequantized.copy_folder(b, root)
+    dequantized.save_copy(model, a, old_a)
+    dequantized.save_copy(model, b, old_b)
+    assert old_a.is_dir() and old_b.is_dir()  # two live models: both copies stay
+    unnamed = root / "float32" / "from-an-older-version"  # names no source: never guessed at
+    unnamed.mkdir()
+    for f in a.iterdir():
+        f.unlink()
+    a.rmdir()  # a temporary model folder, deleted since
+    (b / "config.json").write_text('{"changed": true}')  # b re-converted: its copy has a new key
+    new_b = dequantized.copy_folder(b, root)
+    assert new_b != old_b
+    dequantized.save_copy(model, b, new_b)
+    assert new_b.is_dir() and not old_a.exists() and not old_b.exists() and unnamed.is_dir()
+    assert json.loads((new_b / dequantized.SOURCE_FILE).read_text()) == {"source": str(b.resolve())}
