@@ -275,7 +275,7 @@ class BatchRunner:
     def _draft(self, row: RowSpeculation, e: int, uid: int) -> Draft | None:
         assert row.drafter is not None
         try:
-            return row.drafter.draft(self._gen.tokens[e], self._gen.pending(e), row.k)
+            return row.drafter.draft(self._gen.tokens[e], self._gen.pending(e), row.draft_len)
         except Exception as exc:  # noqa: BLE001 - recorded and logged: the row fails alone
             self._faults.record(uid, exc, "drafting")
             return None

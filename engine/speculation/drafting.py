@@ -76,7 +76,8 @@ class PromptLookup:
         return _guessed(self._index.lookup(history, k + 1))
 
 
-PREDICTION_K = 16  # a prediction's draft length: the prediction, not the server's γ, says what follows
+PREDICTION_K = 16  # a prediction's longest draft: the prediction, not the server's γ, says what follows
+PREDICTION_MIN_K = 4  # its shortest, after a run of rejections
 NEAR = 8  # a lone token re-finds the place after an edit only this close to where it was expected
 
 
@@ -167,7 +168,12 @@ class RowSpeculation:
 
     Adaptive: after a few drafting steps, a row whose accepted share of drafted tokens is
     below `min_acceptance` pauses for a while (doubling each time), so a row that never
-    matches stops paying for wider forwards.
+    matches stops paying for wider forwards. A prediction never pauses (its text is the
+    client's own); instead its draft length follows what it accepted: two more than the longest
+    run matched before a rejection in its last few rejections (one short run — a step that
+    began late in a stretch — does not shrink it), doubled after a draft accepted whole,
+    between PREDICTION_MIN_K and k. An edited file's unchanged stretches are then verified
+    about as wide as they are long, not k wide (a compute-bound batch pays for every position).
     """
 
     drafter: PromptLookup | PredictionLookup | None  # None: the draft model drafts
@@ -178,6 +184,8 @@ class RowSpeculation:
     _window_accepted: int = 0
     _pause: int = 0
     _backoff: int = 8
+    _length: int = 0  # a prediction's draft length now (0: k)
+    _runs: list[int] = field(default_factory=list)  # what its last few rejected drafts had matched
 
     @property
     def active(self) -> bool:
@@ -186,7 +194,19 @@ class RowSpeculation:
             return False
         return self.k > 0
 
+    @property
+    def draft_len(self) -> int:
+        """How many tokens this row drafts next."""
+        return self._length or self.k
+
     def record(self, drafted: int, accepted: int) -> None:
+        if self.prediction and drafted:
+            if accepted >= drafted:
+                length = 2 * drafted
+            else:
+                self._runs = [*self._runs[-3:], accepted]
+                length = max(self._runs) + 2
+            self._length = max(min(length, self.k), min(PREDICTION_MIN_K, self.k))
         self._window_drafted += drafted
         self._window_accepted += accepted
         if self._window_drafted < 4 * max(self.k, 1):

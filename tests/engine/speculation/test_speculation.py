@@ -318,17 +318,20 @@ def test_a_lagging_draft_cache_catches_up_and_drafts_what_the_draft_model_would(
 # --- Predicted Outputs after edits: the drafter finds its place again -------------------------
 
 
-def verify_against(pred: list[int], out: list[int], k: int = PREDICTION_K) -> tuple[int, int]:
-    """Decode `out` as the verify step does, drafting from `pred`: each step emits its pending
-    token plus the drafts that equal what follows it. (accepted drafts, steps)."""
+def verify_against(pred: list[int], out: list[int], adaptive: bool = True) -> tuple[int, int, int]:
+    """Decode `out` as the verify step does, drafting from `pred` as the runner does (the row's
+    draft length, which follows what it accepted; or always PREDICTION_K): each step emits its
+    pending token plus the drafts that equal what follows it. (accepted drafts, steps, drafted)."""
     drafter, prompt = PredictionLookup(tuple(pred), prompt_len=4), [900, 901, 902, 903]
-    i = accepted = steps = 0
+    row = RowSpeculation(drafter, PREDICTION_K, prediction=True)
+    i = accepted = steps = drafted = 0
     while i < len(out):
-        draft = drafter.draft(prompt + out[:i], out[i], k).tokens
+        draft = drafter.draft(prompt + out[:i], out[i], row.draft_len if adaptive else PREDICTION_K).tokens
         n = next((j for j, (t, want) in enumerate(zip(draft, out[i + 1 :])) if t != want),
                  min(len(draft), len(out) - i - 1))  # fmt: skip
-        accepted, steps, i = accepted + n, steps + 1, i + 1 + n
-    return accepted, steps
+        row.record(len(draft), n)
+        accepted, steps, drafted, i = accepted + n, steps + 1, drafted + len(draft), i + 1 + n
+    return accepted, steps, drafted
 
 
 def edit(base: list[int], every: int, kind: str) -> tuple[list[int], int]:
@@ -352,7 +355,7 @@ CODE = [random.Random(7).randrange(60) for _ in range(400)]  # a small vocabular
 
 
 def test_an_exact_prediction_drafts_its_own_length_not_the_servers_gamma() -> None:
-    accepted, steps = verify_against(CODE, CODE)
+    accepted, steps, _ = verify_against(CODE, CODE)
     assert accepted == len(CODE) - steps and steps <= len(CODE) // (PREDICTION_K + 1) + 1
 
 
@@ -360,5 +363,35 @@ def test_an_exact_prediction_drafts_its_own_length_not_the_servers_gamma() -> No
 @pytest.mark.parametrize("every", [8, 10])
 def test_after_each_edit_the_prediction_drafter_finds_its_place_again(kind: str, every: int) -> None:
     out, unchanged = edit(CODE, every, kind)
-    accepted, _ = verify_against(CODE, out)
+    accepted, _, _ = verify_against(CODE, out)
     assert accepted >= 0.8 * unchanged, (accepted, unchanged)
+
+
+@pytest.mark.parametrize("kind", ["changed", "deleted", "inserted", "word"])
+def test_after_edits_a_prediction_verifies_about_as_wide_as_its_unchanged_runs(kind: str) -> None:
+    # Every 8th token edited: runs of ~7 match. Verifying 16 drafts a step would pay for ~9
+    # positions that cannot be accepted; the row's draft length follows its runs instead, for
+    # (nearly) the same accepted tokens and steps.
+    out, _ = edit(CODE, 8, kind)
+    fixed, adaptive = verify_against(CODE, out, adaptive=False), verify_against(CODE, out)
+    # drafted (verified) positions; deleted tokens waste none either way (the drafts skip them)
+    assert adaptive[2] <= (1.0 if kind == "deleted" else 0.7) * fixed[2], (adaptive, fixed)
+    assert adaptive[0] >= 0.95 * fixed[0] and adaptive[1] <= 1.1 * fixed[1], (adaptive, fixed)
+
+
+def test_a_prediction_row_grows_its_draft_back_while_drafts_are_accepted_whole() -> None:
+    row = RowSpeculation(None, PREDICTION_K, prediction=True)
+    assert row.draft_len == PREDICTION_K  # a prediction starts out trusted
+    row.record(16, 3)
+    assert row.draft_len == 5  # the run it matched, plus two
+    row.record(5, 1)
+    assert row.draft_len == 5  # one shorter run (a step that began late in a stretch): kept
+    for _ in range(3):
+        row.record(5, 0)
+    assert row.draft_len == 4  # its last four rejections matched little: never below PREDICTION_MIN_K
+    row.record(4, 4)
+    row.record(8, 8)
+    assert row.draft_len == PREDICTION_K  # doubled back, up to k
+    plain = RowSpeculation(PromptLookup(), k=3)
+    plain.record(3, 0)
+    assert plain.draft_len == 3  # the server's γ rows keep theirs (they pause instead)
