@@ -352,12 +352,21 @@ class BatchRunner:
             self.prefix_cache.store(list(batch.tokens[0]), batch.extract_cache(0))
         return tokens[-1:]
 
+    def _keep_prefilled(self, prompt: PromptProcessingBatch) -> None:
+        """A row that leaves mid-prefill (its client gave up, as Codex does after 5 minutes without
+        an event) leaves the chunks it computed in the prefix cache: the same prompt sent again
+        resumes where it stopped instead of starting over."""
+        if self.prefix_cache is not None and len(prompt.tokens[0]) > 0:
+            self.prefix_cache.store(list(prompt.tokens[0]), prompt.extract_cache(0))
+
     def _release(self, seq_ids: tuple[str, ...], store: bool = True) -> None:
         gone = {self._uid_of.pop(s) for s in seq_ids if s in self._uid_of}
         if not gone:
             return
         for s in seq_ids:
-            self._prompts.pop(s, None)
+            prompt = self._prompts.pop(s, None)
+            if prompt is not None and store:
+                self._keep_prefilled(prompt)
             self._requests.pop(s, None)
             self._spec.pop(s, None)
         for uid in gone:

@@ -107,7 +107,8 @@ def test_calls_its_shell_tool_and_gets_the_result_back(tool_model: ServerProcess
 def test_default_settings_complete_a_turn(tool_model: ServerProcess, tmp_path: Path) -> None:
     run = clis.codex(tool_model.url, tmp_path, "say hi", timeout_s=3000)
     # The turn completes; whether the 0.5B says hi or only tries its tools first is the model's.
-    [done] = run.of_type("turn.completed")
-    assert run.rc == 0 and done["usage"]["output_tokens"] > 0, run.stdout[-3000:]
+    completed = run.of_type("turn.completed")
+    assert len(completed) == 1, (run.rc, run.stdout[-3000:], run.stderr[-2000:])
+    assert run.rc == 0 and completed[0]["usage"]["output_tokens"] > 0, run.stdout[-3000:]
     lines = [ln for ln in tool_model.log().splitlines() if "route=/v1/responses " in ln]
     assert lines and all("status=200" in ln for ln in lines)

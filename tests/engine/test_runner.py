@@ -113,3 +113,31 @@ def test_runner_prefix_cache_second_turn_skips_prefill_and_keeps_output(smollm: 
     out = drive(runner, sched, {0: [second]}, prefix)["b"]
     assert prefix.stats.hits >= 1 and prefix.stats.cached_tokens >= len(first.prompt_tokens)
     assert out == reference(model, follow, 12, set(eos))
+
+
+def test_runner_a_row_that_leaves_mid_prefill_leaves_its_chunks_for_the_same_prompt_again(
+    smollm: tuple[Any, Any],
+) -> None:
+    # Codex gives up on a request after 5 minutes without an event and sends it again: on a slow
+    # machine a long prompt's prefill then started over each time, forever.
+    model, tokenizer = smollm
+    eos = frozenset(tokenizer.eos_token_ids)
+    prefix = PrefixCache("smollm|", max_entries=4, max_bytes=1 << 30)
+    runner = BatchRunner(model, prefill_step_size=16, prefix_cache=prefix)
+    prompt = prompt_ids(tokenizer, " ".join(QUESTIONS))
+    assert len(prompt) > 64
+    sched = Scheduler(SchedulerConfig(max_running=4, token_budget=16), eos)
+    sched.add(Request("gone", prompt, SamplingParams(), 8))
+    for _ in range(3):  # three 16-token chunks of its prompt, then its client leaves
+        plan = sched.schedule()
+        for sid in plan.admitted:
+            runner.admit(sched.get(sid).request)  # type: ignore[union-attr]
+        assert not sched.update(plan, runner.step(plan))
+    sched.abort("gone")
+    runner.step(sched.schedule())  # the release
+    assert prefix.lookup(prompt)[1] == 48  # its three chunks are there for the next try
+    again = Request("again", prompt, SamplingParams(), 8)
+    sched.cached_prefix = lambda r: prefix.lookup(r.prompt_tokens)[1]
+    out = drive(runner, sched, {0: [again]}, prefix)["again"]
+    assert prefix.stats.cached_tokens == 48 * prefix.stats.hits  # and the next try resumed from them
+    assert out == reference(model, prompt, 8, set(eos))
