@@ -45,6 +45,9 @@ base_url = "{base_url}/v1"
 env_key = "MLX_API_KEY"
 wire_api = "responses"
 stream_max_retries = 1
+# Codex gives up on a stream after 5 minutes without an SSE event (comment heartbeats do not
+# count); its default-settings prompt (~8.7k tokens) takes about that long to prefill on 2 cores.
+stream_idle_timeout_ms = 1800000
 
 [analytics]
 enabled = false
