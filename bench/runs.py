@@ -124,9 +124,10 @@ def health_probe(base_url: str) -> Iterator[list[float]]:
 def describe_probes(probes: list[float]) -> str:
     if not probes:
         return "/health not probed"
-    ordered = sorted(probes)
-    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    return f"/health x{len(ordered)}: p50 {ordered[len(ordered) // 2]:.1f} ms, p99 {p99:.1f} ms, max {ordered[-1]:.1f} ms"
+    from bench.loop_latency import percentile
+
+    return (f"/health x{len(probes)}: p50 {percentile(probes, 0.5):.1f} ms, p99 {percentile(probes, 0.99):.1f} ms, "
+            f"max {max(probes):.1f} ms")
 
 
 async def why_down(server: RunningServer) -> str | None:

@@ -32,11 +32,9 @@ import orjson
 from mlx_lm.generate import stream_generate
 
 from bench.load import RequestRecord, read_stream
+from bench.lone_stream import engine
 from bench.servers import RunningServer, ServerSpec, server_cwd, start_server, stop_server, wait_healthy
 from bench.speculation import load_as_served
-from engine.runner import BatchRunner
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.types import Request, SamplingParams
 
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
 
@@ -48,18 +46,6 @@ def rate(times: list[float]) -> float:
 
 def direct(model: Any, tokenizer: Any, prompt: list[int], n: int) -> float:
     return rate([time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)])
-
-
-def in_process(model: Any, prompt: list[int], n: int) -> float:
-    sched, runner = Scheduler(SchedulerConfig(), frozenset()), BatchRunner(model)
-    sched.add(Request("r", tuple(prompt), SamplingParams(), n))
-    times: list[float] = []
-    while sched.has_work:
-        plan = sched.schedule()
-        for sid in plan.admitted:
-            runner.admit(sched.get(sid).request)  # type: ignore[union-attr]
-        times += [time.perf_counter() for _ in sched.update(plan, runner.step(plan))]
-    return rate(times)
 
 
 async def over_http(client: httpx.AsyncClient, n: int) -> float:
@@ -91,7 +77,7 @@ async def main(args: argparse.Namespace) -> None:
             clients[name] = await stack.enter_async_context(httpx.AsyncClient(base_url=server.base_url, timeout=900))
         local: dict[str, Callable[[], float]] = {
             "direct": lambda: direct(model, tokenizer, prompt, args.tokens),
-            "in process": lambda: in_process(model, prompt, args.tokens),
+            "in process": lambda: engine(model, prompt, args.tokens),
         }
         for _ in range(2):  # warm-up: every shape of a run compiles once
             for fn in local.values():

@@ -348,14 +348,13 @@ class BatchRunner:
         """Prefill all but the last prompt token and leave that KV for the sibling choices."""
         if len(tokens) > 1:
             batch.prompt([tokens[:-1]])
-        if self.prefix_cache is not None:
-            self.prefix_cache.store(list(batch.tokens[0]), batch.extract_cache(0))
+        self._keep_prefilled(batch)
         return tokens[-1:]
 
     def _keep_prefilled(self, prompt: PromptProcessingBatch) -> None:
-        """A row that leaves mid-prefill (its client gave up, as Codex does after 5 minutes without
-        an event) leaves the chunks it computed in the prefix cache: the same prompt sent again
-        resumes where it stopped instead of starting over."""
+        """Leave what a row's prompt batch has computed in the prefix cache: for sibling choices
+        (above), and for a row that leaves mid-prefill (its client gave up, as Codex does after 5
+        minutes without an event), so the same prompt sent again resumes where it stopped."""
         if self.prefix_cache is not None and len(prompt.tokens[0]) > 0:
             self.prefix_cache.store(list(prompt.tokens[0]), prompt.extract_cache(0))
 
