@@ -29,9 +29,9 @@ def direct(model: Any, prompt: list[int], n: int) -> float:
     return count / (time.perf_counter() - start)
 
 
-def engine(model: Any, prompt: list[int], n: int) -> float:
+def engine(model: Any, prompt: list[int], n: int, lone_row: bool = True) -> float:
     sched = Scheduler(SchedulerConfig(), frozenset())
-    runner = BatchRunner(model)
+    runner = BatchRunner(model, lone_row=lone_row)
     sched.add(Request("r", tuple(prompt), SamplingParams(), n + 1))
     start, count = 0.0, 0
     while sched.has_work:

@@ -6,7 +6,7 @@
 A shared host's speed drifts by tens of percent over minutes (the H200 hosts did), so measuring
 each contender in its own stretch of time compares the drift, not the code. Here every round
 runs each contender once, back to back, on the same prompt: direct `stream_generate` and our
-scheduler + batch runner in this process (the model loaded once), then one streaming chat
+scheduler + batch runner in this process (and once more with the lone row on batch caches) (the model loaded once), then one streaming chat
 request to each server (started once, healthy, warmed up). Every decode rate is counted the
 same way: tokens after the first over the time from the first token to the last (on the client,
 for HTTP). Reported: per contender the median decode rate, and per round its ratio to that
@@ -64,7 +64,7 @@ async def main(args: argparse.Namespace) -> None:
     model, tokenizer = load_as_served(args.model)
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     names = [s for s in args.servers.split(",") if s]
-    rates: dict[str, list[float]] = {"direct": [], "in process": [], **{s: [] for s in names}}
+    rates: dict[str, list[float]] = {"direct": [], "in process": [], "batch cache": [], **{s: [] for s in names}}
     async with contextlib.AsyncExitStack() as stack:
         clients: dict[str, httpx.AsyncClient] = {}
         log_dir = Path(tempfile.mkdtemp(prefix="single-stream-"))
@@ -78,6 +78,8 @@ async def main(args: argparse.Namespace) -> None:
         local: dict[str, Callable[[], float]] = {
             "direct": lambda: direct(model, tokenizer, prompt, args.tokens),
             "in process": lambda: engine(model, prompt, args.tokens),
+            # the same engine with the lone row kept on mlx-lm's batch caches (engine.lone_row off)
+            "batch cache": lambda: engine(model, prompt, args.tokens, lone_row=False),
         }
         for _ in range(2):  # warm-up: every shape of a run compiles once
             for fn in local.values():

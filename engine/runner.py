@@ -2,7 +2,8 @@
 
 Each admitted sequence is prefilled alone, chunk by chunk, in its own KV cache (so its prompt
 numerics are those of a lone request); on its last chunk it joins the running generation
-batch, whose caches are mlx-lm's left-padded batch caches. Leaving is a filter of that batch.
+batch, whose caches are mlx-lm's left-padded batch caches (plain KV caches while one row steps
+alone: engine.lone_row). Leaving is a filter of that batch.
 mlx-lm's GenerationBatch pipelines: the next step's forward is queued before the current
 step's tokens are read, so Python bookkeeping overlaps the accelerator.
 """
@@ -11,15 +12,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import mlx.core as mx
 
 from engine.admission import weights_bytes
 from engine.mlx_boundary import (
-    BatchKVCache,
     CacheLayer,
     LogitsProcessor,
     Model,
@@ -47,29 +46,6 @@ from engine.speculation.verify import DraftRows, can_speculate, empty_batch
 from engine.types import Request
 
 NO_LIMIT = 1 << 40  # the scheduler decides when a row ends, not mlx-lm
-
-
-MakeMask = Callable[..., mx.array | None]  # BatchKVCache.make_mask
-
-
-def _lone_row_mask(original: MakeMask) -> MakeMask:
-    """A batch of one row has no padding, so its one new query attends to every key.
-
-    mlx-lm's single-stream path passes no mask at all then; the batch cache builds a padding
-    mask every step anyway. Skipping it gives a lone request the single-stream decode path.
-    """
-
-    def make_mask(self: BatchKVCache, N: int, return_array: bool = False, **kwargs: Any) -> mx.array | None:
-        if N == 1 and not return_array and self.left_padding.shape[0] == 1:
-            return None
-        return original(self, N, return_array=return_array, **kwargs)
-
-    return make_mask
-
-
-if not getattr(BatchKVCache.make_mask, "_mlx_serve", False):
-    BatchKVCache.make_mask = _lone_row_mask(BatchKVCache.make_mask)  # type: ignore[method-assign]
-    BatchKVCache.make_mask._mlx_serve = True  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +77,10 @@ class BatchRunner:
         prefill_step_size: int = 2048,
         prefix_cache: PrefixCache | None = None,
         speculation: Speculation | None = None,
+        lone_row: bool = True,
     ) -> None:
         self.model = model
+        self.lone_row = lone_row  # a lone row steps on plain KV caches (off: only to bench the difference)
         self.prefill_step_size = prefill_step_size
         self.prefix_cache = prefix_cache
         self.speculation = speculation or Speculation()
@@ -184,6 +162,8 @@ class BatchRunner:
             allowed = self._gate_open(rows, bool(plan.prefill)) if self._spec else None
             drafts = self._drafts() if allowed else None
             if drafts is None:
+                if rows == 1 and self.lone_row:
+                    self._gen.go_plain()
                 responses = self._gen.next()
                 out = StepOutput(
                     {self._seq_of[r.uid]: r.token for r in responses},
@@ -387,6 +367,7 @@ class BatchRunner:
             prefill_step_size=self.prefill_step_size,
             prefix_cache=self.prefix_cache,
             speculation=self.speculation,
+            lone_row=self.lone_row,
         )
 
     @property

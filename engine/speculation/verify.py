@@ -24,8 +24,10 @@ from typing import cast
 
 import mlx.core as mx
 
+from engine.lone_row import can_go_plain, to_batched, to_plain
 from engine.mlx_boundary import (
     BatchKVCache,
+    CacheLayer,
     GenerationBatch,
     KVCache,
     Model,
@@ -143,16 +145,36 @@ class DraftRows:
 
 
 class SpecBatch(GenerationBatch):
-    """mlx-lm's generation batch plus a speculative step (see the module note)."""
+    """mlx-lm's generation batch plus a speculative step (see the module note), and a lone row's
+    plain caches (engine.lone_row): every use but a plain step turns them back into batch caches."""
 
     draft_rows: DraftRows | None = None
     known: dict[int, int]  # uid → its pending token, when a speculative step left it concrete
+    plain: bool = False  # the one row's caches are plain KV caches
+
+    def go_plain(self) -> None:
+        """The batch has one row and steps plainly: step it on plain KV caches where it can."""
+        if not self.plain and len(self.uids) == 1 and can_go_plain(self.prompt_cache):
+            self.prompt_cache, self.plain = to_plain(self.prompt_cache), True
+
+    def _batched(self) -> None:
+        if self.plain:
+            self.prompt_cache, self.plain = to_batched(self.prompt_cache), False
 
     def next(self) -> list[GenerationBatch.Response]:
         self.known = {}
         return super().next()
 
+    def extend(self, batch: GenerationBatch) -> None:
+        self._batched()
+        super().extend(batch)
+
+    def extract_cache(self, idx: int) -> list[CacheLayer]:
+        self._batched()
+        return super().extract_cache(idx)
+
     def filter(self, keep: list[int]) -> None:
+        self._batched()
         super().filter(keep)
         if self.draft_rows is not None:
             self.draft_rows.filter(keep)
@@ -163,6 +185,7 @@ class SpecBatch(GenerationBatch):
     def speculate(self, drafts: list[Draft | None], draft_k: list[int] | None = None) -> list[RowResult]:
         """One verify step for the whole batch. `drafts[i]` is row i's lookup draft (or None);
         `draft_k[i]` (with a draft model) is how many of the model's drafts row i takes."""
+        self._batched()
         pending = self._next_tokens
         assert pending is not None  # a speculative step has rows
         model_k = max(draft_k) if draft_k is not None else 0

@@ -83,6 +83,40 @@ def test_runner_batch_with_joins_and_leaves_matches_mlx_lm_greedy(smollm: tuple[
         assert got[r.id] == reference(model, r.prompt_tokens, r.max_tokens, eos), r.id
 
 
+def test_runner_a_lone_row_steps_on_plain_caches_and_rows_joining_it_keep_mlx_lm_greedy(
+    smollm: tuple[Any, Any],
+) -> None:
+    """A row alone steps on plain KV caches (mlx-lm's single-stream path); a row joining it turns
+    them back into batch caches, and when one of two leaves the other goes plain again. Every
+    row's greedy tokens equal mlx-lm's through all of it, and the prefix cache gets what the
+    lone row computed when it leaves."""
+    model, tokenizer = smollm
+    eos = set(tokenizer.eos_token_ids)
+    a = Request("a", prompt_ids(tokenizer, QUESTIONS[4]), SamplingParams(), 28)
+    b = Request("b", prompt_ids(tokenizer, QUESTIONS[3]), SamplingParams(), 6)
+    prefix = PrefixCache("smollm|", max_entries=4, max_bytes=1 << 30)
+    runner = BatchRunner(model, prefix_cache=prefix)
+    sched = Scheduler(SchedulerConfig(), frozenset(eos))
+    seen: list[tuple[int, bool]] = []
+    step = runner.step
+
+    def watched(plan: Any) -> Any:
+        out = step(plan)
+        seen.append((runner.num_rows, runner._gen.plain))
+        return out
+
+    runner.step = watched  # type: ignore[method-assign]
+    got = drive(runner, sched, {0: [a], 8: [b]}, prefix)
+    assert got["a"] == reference(model, a.prompt_tokens, a.max_tokens, eos)
+    assert got["b"] == reference(model, b.prompt_tokens, b.max_tokens, eos)
+    alone = [plain for rows, plain in seen if rows == 1]
+    assert all(plain for rows, plain in seen[1:] if rows == 1), seen  # after its first step
+    assert not any(plain for rows, plain in seen if rows == 2), seen
+    lone_again = [i for i, (rows, _) in enumerate(seen) if rows == 1 and i > 0 and seen[i - 1][0] == 2]
+    assert alone and lone_again, seen
+    assert prefix.lookup((*a.prompt_tokens, *got["a"]))[1] >= len(a.prompt_tokens)
+
+
 def test_runner_seeded_sampling_same_alone_or_batched(smollm: tuple[Any, Any]) -> None:
     model, tokenizer = smollm
     eos = frozenset(tokenizer.eos_token_ids)
