@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
             for b, rs in result["batch"].items():
                 print(
                     f"batch_generate B={b}: " + ", ".join(f"{r['generation_tps']:.0f}" for r in rs) + " tok/s"
+                    " decode; end to end (prefill included, as a server's aggregate is): "
+                    + ", ".join(f"{r['generation_tokens'] / r['wall_s']:.0f}" for r in rs) + " tok/s"
                 )
         result["machine"] = machine_info()  # BLAS libraries are mapped once MLX has run
     args.out.write_text(json.dumps(result, indent=1))
