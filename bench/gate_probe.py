@@ -33,8 +33,11 @@ def main() -> None:
     eos = frozenset(tokenizer.eos_token_ids)
     ids = prompts(tokenizer, 16)
     n = 2 * args.clients
-    plain_answers = run(model, Speculation(None), [Request(f"plain{i}", ids[i], SamplingParams(), args.tokens)
-                                                   for i in range(16)], 1, eos).tokens
+    plain_answers = (  # the predictions are edited plain answers
+        run(model, Speculation(None), [Request(f"plain{i}", ids[i], SamplingParams(), args.tokens)
+                                       for i in range(16)], 1, eos).tokens
+        if args.mode == "predict-edited" else {}
+    )
 
     def requests(tag: str, tokens: int, speculating: bool) -> list[Request]:
         out = [Request(f"{tag}{i}", ids[i % 16], SamplingParams(), tokens) for i in range(n)]
