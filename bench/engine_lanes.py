@@ -10,7 +10,6 @@ itself is bench.single_stream's and the --trace's business).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from bench.lone_cache import one_stream_args
 from bench.lone_stream import engine
 from bench.single_stream import MESSAGES, direct
 from engine.build import EngineSettings, make_core
@@ -46,11 +46,7 @@ def whole_core(core: Core, prompt: list[int], n: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
-    p.add_argument("--tokens", type=int, default=256)
-    p.add_argument("--rounds", type=int, default=5)
-    args = p.parse_args()
+    args = one_stream_args(__doc__)
     from engine.backend import prefer_shape_free_attention
 
     prefer_shape_free_attention()  # as the server runs

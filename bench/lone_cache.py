@@ -55,12 +55,17 @@ class _NoStops:
         return False
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def one_stream_args(doc: str | None) -> argparse.Namespace:
+    """--model, --tokens and --rounds: what the one-stream benches take."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = one_stream_args(__doc__)
     model, tokenizer = load(args.model)
     prompt = tokenizer.encode("Tell me a long story about a lighthouse keeper and the sea. " * 4)
     lanes: dict[str, Callable[[int], float]] = {

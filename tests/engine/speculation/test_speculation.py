@@ -226,12 +226,18 @@ def test_the_gate_picks_the_faster_kind_of_step_and_keeps_probing_the_other() ->
 
     gate = SpeculationGate(probe_every=10, probe_len=2)
     assert gate.choose(4) is True  # nothing known: try speculating first
-    gate.record(4, True, tokens=40, seconds=1.0)
+    gate.record(4, True, tokens=90, seconds=1.0)
     assert gate.choose(5) is False  # 4 and 5 rows share a bucket; plain is unknown there
     gate.record(5, False, tokens=100, seconds=1.0)
     picks = [gate.choose(4) for _ in range(40)]
-    # plain wins; speculation is re-probed for 2 steps after 10, then after 20 more (backing off)
+    # plain wins by a little; speculation is re-probed for 2 steps after 10, then after 20 more
     assert [i for i, p in enumerate(picks) if p] == [10, 11, 32, 33]
+    dear = SpeculationGate(probe_every=10, probe_len=2)
+    dear.record(4, True, tokens=25, seconds=1.0)
+    dear.record(4, False, tokens=100, seconds=1.0)  # speculation runs at a quarter of plain here
+    picks = [dear.choose(4) for _ in range(300)]
+    # so probes come no more often than keeps their cost within 2% (2 x 0.75 / 0.02 = 75 steps)
+    assert [i for i, p in enumerate(picks) if p] == [75, 76, 227, 228]
     gate.record(4, True, tokens=1000, seconds=1.0)  # acceptance went up: speculation now wins
     assert [gate.choose(4) for _ in range(10)] == [True] * 10
     assert gate.choose(16) is True  # a larger batch where nothing smaller lost: it explores
