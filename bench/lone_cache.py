@@ -17,17 +17,11 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm import load
-from mlx_lm.generate import GenerationBatch, generate_step
+from mlx_lm.generate import GenerationBatch, StopSequences
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
-
-def direct(model: Any, prompt: list[int], n: int) -> float:
-    steps = generate_step(mx.array(prompt), model, max_tokens=n + 1)
-    next(steps)
-    start = time.perf_counter()
-    count = sum(1 for _ in steps)
-    return count / (time.perf_counter() - start)
+from bench.lone_stream import direct
 
 
 def batch(model: Any, prompt: list[int], n: int, plain: bool) -> float:
@@ -38,21 +32,13 @@ def batch(model: Any, prompt: list[int], n: int, plain: bool) -> float:
         cache = [BatchKVCache.merge([c]) for c in cache]
     gen = GenerationBatch(
         model, [0], mx.array(prompt[-1:]), cache, [list(prompt[:-1])], [greedy_sampler], greedy_sampler,
-        [[]], [_NoStops()], [1 << 40],
+        [[]], [StopSequences()], [1 << 40],
     )
     gen.next()
     start = time.perf_counter()
     for _ in range(n):
         gen.next()
     return n / (time.perf_counter() - start)
-
-
-class _NoStops:
-    def matcher(self) -> Any:
-        return self
-
-    def advance(self, _token: int) -> bool:
-        return False
 
 
 def one_stream_args(doc: str | None) -> argparse.Namespace:
@@ -69,7 +55,7 @@ def main() -> None:
     model, tokenizer = load(args.model)
     prompt = tokenizer.encode("Tell me a long story about a lighthouse keeper and the sea. " * 4)
     lanes: dict[str, Callable[[int], float]] = {
-        "direct generate_step": lambda n: direct(model, prompt, n),
+        "direct generate_step": lambda n: direct(model, prompt, n + 1),
         "batch B=1, batch caches": lambda n: batch(model, prompt, n, plain=False),
         "batch B=1, plain caches": lambda n: batch(model, prompt, n, plain=True),
     }

@@ -28,8 +28,8 @@ def _lone_row_mask(original: MakeMask) -> MakeMask:
     """A batch of one row has no padding, so its one new query attends to every key.
 
     mlx-lm's single-stream path passes no mask at all then; the batch cache builds a padding
-    mask every step anyway. Skipping it gives a lone request the single-stream attention (a row
-    that speculates, or that is alone for one step only, keeps its batch caches).
+    mask every step anyway. A lone target row steps on plain caches (below); this is for the
+    one-row batch caches that remain, such as a draft model's following a lone row.
     """
 
     def make_mask(self: BatchKVCache, N: int, return_array: bool = False, **kwargs: Any) -> mx.array | None:
@@ -57,11 +57,11 @@ def to_plain(caches: Sequence[CacheLayer]) -> list[CacheLayer]:
     for c in caches:
         assert isinstance(c, BatchKVCache)
         kv = KVCache()
-        pad = cast("list[int]", c.left_padding.tolist())[0] if c.keys is not None else 0
         if c.keys is not None and c.values is not None:
+            pad = cast("list[int]", c.left_padding.tolist())[0]
             kv.keys = c.keys if pad == 0 else c.keys[..., pad:, :]
             kv.values = c.values if pad == 0 else c.values[..., pad:, :]
-        kv.offset = c._idx - pad
+            kv.offset = c._idx - pad
         plain.append(kv)
     return plain
 
