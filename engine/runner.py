@@ -93,7 +93,6 @@ class BatchRunner:
             None  # the previous clean step: the gate's call, its end
         )
         self._draft_rows = DraftRows(draft, prefill_step_size) if draft is not None else None
-        self._draft_debt = 0.0  # seconds of draft prefill not yet charged to speculation
         self._uids = itertools.count()
         self._uid_of: dict[str, int] = {}
         self._seq_of: dict[int, str] = {}
@@ -171,7 +170,10 @@ class BatchRunner:
                 )
             else:
                 out = self._speculate(*drafts)
-            self._measure(rows, allowed, out, clean=not plan.prefill)
+            # What ran, for the gate: a step it let speculate runs plain when no row has drafts
+            # (rows the draft model does not follow, prompt lookups that found nothing).
+            ran = None if allowed is None else drafts is not None
+            self._measure(rows, ran, out, clean=not plan.prefill)
             return self._settled(out)
 
     def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> list[tuple[PromptProcessingBatch, list[int]]]:
@@ -216,21 +218,22 @@ class BatchRunner:
             return True
         return False if prefill else self._gate.choose(rows)
 
-    def _measure(self, rows: int, allowed: bool | None, out: StepOutput, clean: bool) -> None:
-        """Tokens per second of this step, for the gate, charged to what the gate decided (a step
-        it let speculate may still run plain when no row has drafts: the policy pays for both,
-        and for the pipeline bubbles between them). Only a step that follows one under the same
-        decision counts: a plain step is pipelined behind the previous step, so the first step
-        after a change would be charged for the other decision's forward."""
+    def _measure(self, rows: int, speculated: bool | None, out: StepOutput, clean: bool) -> None:
+        """Tokens per second of this step, for the gate, charged to the kind of step that ran.
+        A step the gate let speculate but in which no row drafted ran plain, and counts as plain:
+        charged to speculation it would make a drafter that had nothing to offer (a row the draft
+        model was not following) look no faster than plain and keep it off for good. Only a step
+        that follows one of the same kind counts: a plain step is pipelined behind the previous
+        step, so the first step after a change would be charged for the other kind's forward.
+        A draft model's prefill of a joining row is not charged either: it is paid once, when the
+        row joins, and only where the gate has the draft follow the row (SpeculationGate.mirror);
+        charged to one step's rate it made a draft model that wins lose its bucket for good."""
         now = time.perf_counter()
-        last, self._last = self._last, (allowed, now) if clean else None
-        if allowed is None or not clean or last is None or last[0] != allowed:
+        last, self._last = self._last, (speculated, now) if clean else None
+        if speculated is None or not clean or last is None or last[0] != speculated:
             return
         emitted = sum(len(t) if isinstance(t, tuple) else 1 for t in out.tokens.values())
-        seconds = now - last[1]
-        if allowed:
-            seconds, self._draft_debt = seconds + self._draft_debt, 0.0
-        self._gate.record(rows, allowed, emitted, seconds)
+        self._gate.record(rows, speculated, emitted, now - last[1])
 
     def _drafts(self) -> tuple[list[Draft | None], list[int] | None] | None:
         """This step's drafts per row, or None when no row drafts (a plain, pipelined step)."""
@@ -311,11 +314,8 @@ class BatchRunner:
         seq_ids = [self._seq_of[uid] for uid in merged.uids]
         self._gen.extend(merged.generate([tokens for _, tokens in finals]))
         if self._draft_rows is not None:
-            rows, began = len(self._gen), time.perf_counter()
+            rows = len(self._gen)
             self._draft_rows.prefill(prompts, [self._mirrors(s, rows) for s in seq_ids])
-            # The draft's prefill is speculation's cost, paid in a step the gate does not time
-            # (it has prefill in it): charge it to the next speculating step it does time.
-            self._draft_debt += time.perf_counter() - began
 
     def _mirrors(self, seq_id: str, rows: int) -> bool:
         """Whether the draft model follows this joining row (see SpeculationGate.mirror)."""

@@ -401,3 +401,52 @@ def test_a_prediction_row_grows_its_draft_back_while_drafts_are_accepted_whole()
     plain = RowSpeculation(PromptLookup(), k=3)
     plain.record(3, 0)
     assert plain.draft_len == 3  # the server's γ rows keep theirs (they pause instead)
+
+
+def test_the_gate_is_charged_for_the_kind_of_step_that_ran_and_not_for_a_joins_draft_prefill(
+    smollm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two ways the gate used to learn that a winning draft model loses (Qwen2.5-Coder 0.5B for
+    # the 1.5B, one stream on a CPU: gated 1.00x where the gate off ran 1.5x): the whole draft
+    # prefill of a joining prompt charged to one step's rate, and steps it allowed in which no
+    # row had drafts (rows the draft was not following) charged to speculation at plain speed.
+    import engine.runner
+
+    model, tokenizer = smollm
+    eos = set(tokenizer.eos_token_ids)
+    clock = {"skew": 0.0}
+    real = engine.runner.time.perf_counter
+
+    class Clock:
+        @staticmethod
+        def perf_counter() -> float:
+            return real() + clock["skew"]
+
+    monkeypatch.setattr(engine.runner, "time", Clock)
+    recorded: list[tuple[bool, float]] = []
+
+    def runner_with(mirror: bool) -> BatchRunner:
+        runner = BatchRunner(model, speculation=Speculation("draft", 3, model))
+        gate, draft_rows = runner._gate, runner._draft_rows
+        assert draft_rows is not None
+        prefill = draft_rows.prefill
+
+        def slow_prefill(prompts: list[list[int]], mirrored: list[bool] | None = None) -> None:
+            prefill(prompts, mirrored)
+            clock["skew"] += 100.0  # as if the draft's prefill of this prompt took 100 s
+
+        monkeypatch.setattr(draft_rows, "prefill", slow_prefill)
+        monkeypatch.setattr(gate, "mirror", lambda rows: mirror)
+        monkeypatch.setattr(gate, "choose", lambda rows: True)  # every step may speculate
+        monkeypatch.setattr(gate, "record", lambda rows, spec, tokens, s: recorded.append((spec, s)))
+        return runner
+
+    for mirror in (False, True):
+        recorded.clear()
+        request = Request("a", prompt_ids(tokenizer, COPY_PROMPTS[0]), SamplingParams(), 24)
+        sched = Scheduler(SchedulerConfig(max_running=4), frozenset(eos))
+        got = drive(runner_with(mirror), sched, {0: [request]})["a"]
+        assert got == reference(model, request.prompt_tokens, 24, eos)
+        assert recorded and all(s < 50.0 for _, s in recorded)  # no step paid for the prefill
+        # not followed by the draft, every step ran plain and counts as plain; followed, speculative
+        assert {spec for spec, _ in recorded} == ({True} if mirror else {False})
