@@ -60,7 +60,7 @@ class EngineSettings:
     draft_spec: ModelSpec | None = None
     tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
     shard: str | None = None  # "tensor" or "pipeline": one model over an mlx.launch group (engine.shard)
-    warmup: bool = True  # compile the usual kernel shapes before reporting ready (GPU only)
+    warmup: bool = True  # compile the usual kernel shapes while idle (GPU only)
 
     @property
     def capacity(self) -> int:
@@ -214,7 +214,7 @@ def make_core(
     if settings.warmup and shard is None:  # a sharded group's ranks would have to warm up in step
         from engine.warmup import warm_up
 
-        warm_up(loaded.model, sched.config, plan.shape.vocab)
+        core.idle_work = warm_up(loaded.model, sched.config, plan.shape.vocab)
     return core
 
 

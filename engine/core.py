@@ -6,7 +6,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -172,6 +172,13 @@ class Core:
         self._constraints: dict[str, Constraint] = {}  # grammar state of constrained requests, by id
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
         self.memory_plan: MemoryPlan | None = None  # the admission plan this core was sized by, if any
+        # Work done only while no request is in the engine, one unit per pass of the loop (the
+        # GPU warm-up: engine.warmup), so a request that arrives waits for one unit at most; and
+        # only after `idle_after_s` without a step, so a client's first request right after
+        # start-up, or its next turn, does not find a unit under way.
+        self.idle_work: Iterator[None] | None = None
+        self.idle_after_s = 1.0
+        self._last_step = time.monotonic()
         scheduler.cached_prefix = self._lookup_prefix
 
     def _lookup_prefix(self, request: Request) -> int:
@@ -188,19 +195,37 @@ class Core:
         while True:
             flush()
             block = not self.scheduler.has_work
+            # with idle work pending, wait for a request only until the idle work is due
+            timeout = self._idle_due() if block and self.idle_work is not None else None
             while True:
                 try:
-                    item = inbox.get(block=block)
+                    item = inbox.get(block=block, timeout=timeout)
                 except queue.Empty:
                     break
                 if item is None:
                     return
                 self._accept_guarded(item)
-                block = False
+                block, timeout = False, None
             self._reap_aborted()
             if self.scheduler.has_work:
                 self._step_guarded()
+                self._last_step = time.monotonic()
+            elif self.idle_work is not None and self._idle_due() == 0.0:
+                self._idle_unit(self.idle_work)
             self._gauge()
+
+    def _idle_due(self) -> float:
+        """Seconds until idle work may run."""
+        return max(0.0, self._last_step + self.idle_after_s - time.monotonic())
+
+    def _idle_unit(self, work: Iterator[None]) -> None:
+        try:
+            next(work)
+        except StopIteration:
+            self.idle_work = None
+        except Exception:  # idle work is an optimisation: it stops, the engine serves on
+            log.exception("idle work failed; stopped")
+            self.idle_work = None
 
     def _gauge(self) -> None:
         sched, c = self.scheduler, self.counters

@@ -8,6 +8,7 @@ BatchGenerator parity was needed).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +176,28 @@ def test_runner_a_row_that_leaves_mid_prefill_leaves_its_chunks_for_the_same_pro
     out = drive(runner, sched, {0: [again]}, prefix)["again"]
     assert prefix.stats.cached_tokens == 48 * prefix.stats.hits  # and the next try resumed from them
     assert out == reference(model, prompt, 8, set(eos))
+
+
+def test_the_warm_up_runs_its_ready_part_then_idle_bursts_and_leaves_output_mlx_lm_greedy(
+    smollm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The GPU warm-up (engine.warmup), forced on here: its throwaway requests run through a runner
+    # of their own, so what the serving runner answers before and after each part is unchanged.
+    import engine.warmup
+
+    monkeypatch.setattr(engine.warmup, "READY_ROWS", 2)  # bursts of 1 and 2 rows now, 4 while idle
+    model, tokenizer = smollm
+    eos = set(tokenizer.eos_token_ids)
+    config = SchedulerConfig(max_running=4, token_budget=128)
+    first, second = (
+        Request(f"q{i}", prompt_ids(tokenizer, q), SamplingParams(), 12) for i, q in enumerate(QUESTIONS[:2])
+    )
+    idle_work = engine.warmup.warm_up(model, config, len(tokenizer.vocab), gpu_only=False)
+    assert idle_work is not None
+    sched, runner = Scheduler(config, frozenset(eos)), BatchRunner(model, prefill_step_size=128)
+    assert drive(runner, sched, {0: [first]})["q0"] == reference(model, first.prompt_tokens, 12, eos)
+    assert sum(1 for _ in idle_work) == 1  # the 4-row burst
+    assert drive(runner, sched, {0: [second]})["q1"] == reference(model, second.prompt_tokens, 12, eos)
+    assert (
+        engine.warmup.warm_up(model, replace(config, max_running=2), 100, gpu_only=False) is None
+    )  # nothing left
