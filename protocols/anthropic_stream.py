@@ -18,7 +18,7 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols import openai_common as common
+from protocols import openai_render as render
 from protocols.contract import Frame, Frames, Job, Result, SseEvent, ToolCall
 
 TOOL_ID_PREFIX = "toolu_"
@@ -74,7 +74,7 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": usage.cached_tokens,
         "output_tokens": usage.completion_tokens,
-        **common.speculation_json(usage),
+        **render.speculation_json(usage),
     }
 
 

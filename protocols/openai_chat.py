@@ -24,6 +24,7 @@ from engine.types import (
 )
 from protocols import conversation as conv
 from protocols import openai_common as common
+from protocols import openai_render as render
 from protocols import structured
 from protocols.contract import Frames, Job, ProtocolContext, Result
 
@@ -254,10 +255,10 @@ def _choice(
 
 
 def _logprobs(entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
-    return {"content": [common.token_logprob_json(t) for t in entries], "refusal": None}
+    return {"content": [render.token_logprob_json(t) for t in entries], "refusal": None}
 
 
-class ChatStream(common.ChunkStream):
+class ChatStream(render.ChunkStream):
     """chat.completion.chunk frames: a role primer, content deltas, a finish chunk."""
 
     def start(self) -> Frames:
@@ -290,8 +291,8 @@ class ChatStream(common.ChunkStream):
 def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> dict[str, Any]:
     want = job.request.logprobs is not None
     choices = [_message_choice(i, r, want) for i, r in enumerate(results)]
-    usage = common.combined_usage([r.usage for r in results], job.n)
-    return {**common.response_head(job, ctx, OBJECT), "choices": choices, "usage": common.usage_json(usage)}
+    usage = render.combined_usage([r.usage for r in results], job.n)
+    return {**render.response_head(job, ctx, OBJECT), "choices": choices, "usage": render.usage_json(usage)}
 
 
 def _message_choice(index: int, result: Result, want_logprobs: bool = False) -> dict[str, Any]:
@@ -325,13 +326,13 @@ class OpenAIChat:
         return parse_body(body, ctx)
 
     def renderer(self, job: Job, ctx: ProtocolContext) -> ChatStream:
-        return ChatStream(common.response_head(job, ctx, CHUNK_OBJECT), job.include_usage, job.n, job.choices)
+        return ChatStream(render.response_head(job, ctx, CHUNK_OBJECT), job.include_usage, job.n, job.choices)
 
     def to_json(self, job: Job, results: list[Result], ctx: ProtocolContext) -> bytes:
         return orjson.dumps(completion_json(job, results, ctx))
 
     def error_body(self, exc: ServeError) -> bytes:
-        return common.error_body(exc)
+        return render.error_body(exc)
 
 
 FORMAT = OpenAIChat()

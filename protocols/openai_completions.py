@@ -16,6 +16,7 @@ from engine.errors import InvalidRequest, ServeError
 from engine.tokenizer import ChatTokenizer
 from engine.types import Delta, Finished, TextDelta, TokenLogprob
 from protocols import openai_common as common
+from protocols import openai_render as render
 from protocols.contract import Frames, Job, ProtocolContext, Result
 
 OBJECT = "text_completion"
@@ -122,7 +123,7 @@ def _legacy_logprobs(entries: tuple[TokenLogprob, ...], offset: int = 0) -> dict
     }
 
 
-class CompletionStream(common.ChunkStream):
+class CompletionStream(render.ChunkStream):
     """text_completion frames: text deltas, then a finish chunk; no primer."""
 
     def start(self) -> Frames:
@@ -144,8 +145,8 @@ def completion_json(job: Job, results: list[Result], ctx: ProtocolContext) -> di
         _choice(r.text, r.finish_reason.value, i, _legacy_logprobs(r.logprobs) if want else None)
         for i, r in enumerate(results)
     ]
-    usage = common.combined_usage([r.usage for r in results], job.n)
-    return {**common.response_head(job, ctx, OBJECT), "choices": choices, "usage": common.usage_json(usage)}
+    usage = render.combined_usage([r.usage for r in results], job.n)
+    return {**render.response_head(job, ctx, OBJECT), "choices": choices, "usage": render.usage_json(usage)}
 
 
 class OpenAICompletions:
@@ -155,13 +156,13 @@ class OpenAICompletions:
         return parse_body(body, ctx)
 
     def renderer(self, job: Job, ctx: ProtocolContext) -> CompletionStream:
-        return CompletionStream(common.response_head(job, ctx, OBJECT), job.include_usage, job.n, job.choices)
+        return CompletionStream(render.response_head(job, ctx, OBJECT), job.include_usage, job.n, job.choices)
 
     def to_json(self, job: Job, results: list[Result], ctx: ProtocolContext) -> bytes:
         return orjson.dumps(completion_json(job, results, ctx))
 
     def error_body(self, exc: ServeError) -> bytes:
-        return common.error_body(exc)
+        return render.error_body(exc)
 
 
 FORMAT = OpenAICompletions()

@@ -24,6 +24,7 @@ from engine.errors import InvalidRequest, ServeError
 from engine.types import Request, SamplingParams
 from protocols import conversation as conv
 from protocols import openai_common as common
+from protocols import openai_render as render
 from protocols import structured
 from protocols.contract import Job, NotFound, ProtocolContext, Result
 from protocols.responses_compact import COMPACT_DECODER, CompactJob, compact_job, compacted
@@ -246,7 +247,7 @@ def _own(job: Job) -> ResponsesJob:
 
 
 def error_body(exc: ServeError) -> bytes:
-    return common.error_body(exc)
+    return render.error_body(exc)
 
 
 class OpenAIResponses:

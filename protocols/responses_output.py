@@ -24,7 +24,7 @@ from engine.types import (
     Usage,
 )
 from protocols import conversation as conv
-from protocols import openai_common as common
+from protocols import openai_render as render
 from protocols.contract import KEEP_ALIVE, Frame, Frames, Job, ProtocolContext, Result, SseEvent
 from protocols.responses_input import InputItem, opaque
 from protocols.responses_tools import Offered, Toolset, custom_input
@@ -58,7 +58,7 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.total_tokens,
-        **common.speculation_json(usage),
+        **render.speculation_json(usage),
     }
 
 
@@ -148,7 +148,7 @@ def failure_json(exc: ServeError) -> dict[str, Any]:
         code = "invalid_prompt"
     else:
         code = "server_error"
-    error = common.error_json(exc)["error"]
+    error = render.error_json(exc)["error"]
     return {"code": code, "message": exc.message, "param": exc.param, "type": error["type"]}
 
 

@@ -14,7 +14,7 @@ from engine.errors import EngineFailed, InvalidRequest
 from engine.types import Finished, FinishReason, TextDelta, TokenLogprob, Usage
 from protocols import openai_chat, structured
 from protocols.contract import KEEP_ALIVE, Frames, Job, ProtocolContext, Result, WireFormat
-from protocols.openai_common import DONE
+from protocols.openai_render import DONE
 
 FORMAT: WireFormat = openai_chat.FORMAT
 USER = {"role": "user", "content": "hi"}

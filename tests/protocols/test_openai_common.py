@@ -18,7 +18,7 @@ from engine.errors import (
     ServeError,
 )
 from engine.types import SamplingParams
-from protocols import openai_chat, openai_common, openai_completions, structured
+from protocols import openai_chat, openai_common, openai_completions, openai_render, structured
 from protocols.contract import (
     Job,
     MethodNotAllowed,
@@ -85,12 +85,12 @@ def test_error_body_maps_each_error_class(exc: ServeError, status: int, kind: st
 
 
 def test_error_body_carries_param() -> None:
-    body = orjson.loads(openai_common.error_body(InvalidRequest("no", param="messages[0].role")))
+    body = orjson.loads(openai_render.error_body(InvalidRequest("no", param="messages[0].role")))
     assert body["error"]["param"] == "messages[0].role"
 
 
 def test_error_body_fills_sdk_error_fields() -> None:
-    body = orjson.loads(openai_common.error_body(ContextTooLong("too long", param="messages")))
+    body = orjson.loads(openai_render.error_body(ContextTooLong("too long", param="messages")))
     err = openai.APIError("too long", request=None, body=body["error"])  # type: ignore[arg-type]
     assert (err.type, err.code, err.param) == ("invalid_request_error", "context_length_exceeded", "messages")
 
@@ -413,8 +413,8 @@ def test_request_ids_are_unique_and_prefixed(ctx: ProtocolContext) -> None:
 
 
 def test_system_fingerprint_is_stable_per_model() -> None:
-    fp = openai_common.system_fingerprint("a/b")
-    assert fp == openai_common.system_fingerprint("a/b") != openai_common.system_fingerprint("a/c")
+    fp = openai_render.system_fingerprint("a/b")
+    assert fp == openai_render.system_fingerprint("a/b") != openai_render.system_fingerprint("a/c")
     assert fp.startswith("fp_") and len(fp) == 13
 
 
