@@ -60,7 +60,7 @@ class EngineSettings:
     draft_spec: ModelSpec | None = None
     tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
     shard: str | None = None  # "tensor" or "pipeline": one model over an mlx.launch group (engine.shard)
-    warmup: bool = True  # compile the usual kernel shapes while idle (GPU only)
+    warmup: bool = True  # compile the usual kernel shapes: some before ready, the rest while idle (GPU)
 
     @property
     def capacity(self) -> int:

@@ -9,8 +9,9 @@ several lengths alone, then bursts that grow the decode batch to each power of t
 rows. Before /health turns ready it runs what a first burst of up to READY_ROWS clients meets
 (the prompt lengths and the bursts up to that size); the larger bursts, most of the warm-up's
 time (480 of its 511 rows at 256), run as idle work (Core.idle_work): one burst per pass of the
-engine's loop and only while no request is in the engine, so start-up does not wait for them
-and a request that arrives waits at most for the burst under way. A CPU compiles nothing, so
+engine's loop, only while no request is in the engine and once it has gone a second without a
+step, so start-up does not wait for them and a request that arrives waits at most for the burst
+under way. A CPU compiles nothing, so
 there it does nothing.
 """
 
@@ -53,7 +54,7 @@ def warm_up(
     log.info(
         "warm-up: kernels for %d prompt lengths and batches up to %d rows in %.1f s%s",
         len(sizes),
-        min(READY_ROWS, config.max_running),
+        max(b for b in bursts if b <= READY_ROWS),
         time.perf_counter() - began,
         f"; up to {bursts[-1]} rows while idle" if later else "",
     )
