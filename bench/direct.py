@@ -99,9 +99,16 @@ def run_direct(
 
 
 def run_batched(
-    model_dir: Path, prompts: list[list[dict[str, str]]], max_tokens: int, runs: int, sizes: list[int]
+    model_dir: Path,
+    prompts: list[list[dict[str, str]]],
+    max_tokens: int,
+    runs: int,
+    sizes: list[int],
+    requests: int = 0,
 ) -> dict[str, Any]:
-    """mlx-lm `batch_generate` decode tok/s at each B, warmed at that B first."""
+    """mlx-lm `batch_generate` decode tok/s at each B, warmed at that B first. `requests` > B:
+    that many prompts, B decoding at a time (a server bench's closed loop of `requests` requests
+    from B clients, joins and their prefill included); 0: B prompts, one wave."""
     from mlx_lm import batch_generate, load
 
     model, tokenizer = load(str(model_dir))[:2]
@@ -111,7 +118,7 @@ def run_batched(
     ]
     out: dict[str, Any] = {}
     for b in sizes:
-        batch = [token_lists[i % len(token_lists)] for i in range(b)]
+        batch = [token_lists[i % len(token_lists)] for i in range(max(b, requests))]
         kwargs = {"completion_batch_size": b, "prefill_batch_size": min(b, 8)}
         batch_generate(model, tokenizer, batch, max_tokens=max_tokens, **kwargs)
         tps = []
@@ -139,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup-runs", type=int, default=1)
     parser.add_argument("--batch", default="", help="comma-separated B for batch_generate")
+    parser.add_argument("--batch-requests", type=int, default=0,
+                        help="prompts per batch_generate call, B at a time (default: B)")
     parser.add_argument("--info-only", action="store_true", help="only report the machine")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -148,10 +157,12 @@ def main(argv: list[str] | None = None) -> None:
         result |= run_direct(args.model, prompts, args.max_tokens, args.runs, args.warmup_runs)
         if args.batch:
             sizes = [int(b) for b in args.batch.split(",")]
-            result["batch"] = run_batched(args.model, prompts, args.max_tokens, args.runs, sizes)
+            result["batch"] = run_batched(
+                args.model, prompts, args.max_tokens, args.runs, sizes, args.batch_requests
+            )
             for b, rs in result["batch"].items():
                 print(
-                    f"batch_generate B={b}: " + ", ".join(f"{r['generation_tps']:.0f}" for r in rs) + " tok/s"
+                    f"batch_generate B={b} ({max(int(b), args.batch_requests)} prompts): " + ", ".join(f"{r['generation_tps']:.0f}" for r in rs) + " tok/s"
                     " decode; end to end (prefill included, as a server's aggregate is): "
                     + ", ".join(f"{r['generation_tokens'] / r['wall_s']:.0f}" for r in rs) + " tok/s"
                 )

@@ -8,10 +8,12 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}
 out=${OUT:-/tmp/out}; shape=${SHAPE:-1b}; m=/tmp/llama-$shape; r=${ROUNDS:-3}
 mkdir -p "$out"; f="$out/h200-startup-$shape.txt"
 [ -d $m ] || python3 -m bench.make_model --shape $shape --out $m --tokenizer-from build/smollm2-tok > /dev/null
-for mod in mlx.core mlx_lm transformers server.cli; do
+for mod in mlx.core mlx_lm transformers server.cli "engine, mlx_lm"; do  # engine: torch kept out
   python3 -c "import time; t=time.perf_counter(); import $mod; print(f'import $mod: {time.perf_counter()-t:.2f} s')" 2>&1 | tail -1 | tee -a "$f"
 done
+python3 -c "import importlib.util as u; print('torch installed:', u.find_spec('torch') is not None)" | tee -a "$f"
 python3 -X importtime -c "import mlx_lm" 2> /tmp/imp.txt; sort -t'|' -k2 -n /tmp/imp.txt | tail -25 > "$out/h200-import-mlx_lm.txt"
+python3 -X importtime -c "import engine, mlx_lm" 2> /tmp/imp.txt; sort -t'|' -k2 -n /tmp/imp.txt | tail -25 > "$out/h200-import-engine-mlx_lm.txt"
 for i in $(seq 1 "$r"); do
   echo "-- round $i: mlx-serve" | tee -a "$f"
   SERVER="python3 -m server" LOG=/tmp/ours.log bash bench/startup.sh 1 --model $m 2>&1 | tee -a "$f"

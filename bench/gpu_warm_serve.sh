@@ -16,7 +16,11 @@ import json
 from pathlib import Path
 from bench.prompts import PromptBook, load_tokenizer
 book = PromptBook(None, load_tokenizer(Path("build/smollm2-tok")), False)
-print(json.dumps([book.get(i).messages for i in range(64)]))
+print(json.dumps([book.get(i).messages for i in range(${REQUESTS:-256})]))
 PY
+# batch_generate at B=16 and 64: B prompts in one wave (decode rate), and the servers' whole
+# workload (REQUESTS prompts, B at a time: joins and their prefill, as the servers' aggregate has)
 python3 -m bench.direct --model $m --prompts /tmp/prompts.json --runs 3 --batch 16,64 --out /tmp/direct.json 2>&1 \
   | tee -a "$out/h200-serve-warm-$shape.txt"
+python3 -m bench.direct --model $m --prompts /tmp/prompts.json --runs 3 --batch 16,64 --batch-requests ${REQUESTS:-256} \
+  --out /tmp/direct-all.json 2>&1 | tee -a "$out/h200-serve-warm-$shape.txt"
