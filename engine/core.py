@@ -6,7 +6,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -51,6 +51,19 @@ class Runner(Protocol):
     ) -> None: ...
     def step(self, plan: StepPlan) -> StepOutput: ...
     def reset(self) -> None: ...
+
+
+class IdleWork(Protocol):
+    """Work the engine does only while no request is in it (the GPU warm-up's larger batches)."""
+
+    def step(self) -> bool:
+        """Run one unit, a batch step at most; False once nothing is left."""
+        ...
+
+    def pause(self) -> None:
+        """A request has arrived: drop what the part under way holds (its KV cache); the
+        next step() starts that part again."""
+        ...
 
 
 @dataclass(slots=True)
@@ -176,7 +189,7 @@ class Core:
         # GPU warm-up: engine.warmup), so a request that arrives waits for one unit at most; and
         # only after `idle_after_s` without a step, so a client's first request right after
         # start-up, or its next turn, does not find a unit under way.
-        self.idle_work: Iterator[None] | None = None
+        self.idle_work: IdleWork | None = None
         self.idle_after_s = 1.0
         self._last_step = time.monotonic()
         scheduler.cached_prefix = self._lookup_prefix
@@ -204,6 +217,8 @@ class Core:
                     break
                 if item is None:
                     return
+                if self.idle_work is not None:
+                    self.idle_work.pause()  # what a part under way holds is freed for the request
                 self._accept_guarded(item)
                 block, timeout = False, None
             self._reap_aborted()
@@ -218,11 +233,10 @@ class Core:
         """Seconds until idle work may run."""
         return max(0.0, self._last_step + self.idle_after_s - time.monotonic())
 
-    def _idle_unit(self, work: Iterator[None]) -> None:
+    def _idle_unit(self, work: IdleWork) -> None:
         try:
-            next(work)
-        except StopIteration:
-            self.idle_work = None
+            if not work.step():
+                self.idle_work = None
         except Exception:  # idle work is an optimisation: it stops, the engine serves on
             log.exception("idle work failed; stopped")
             self.idle_work = None

@@ -8,11 +8,11 @@ runner of its own (no prefix cache: nothing is kept), the way the scheduler will
 several lengths alone, then bursts that grow the decode batch to each power of two up to its
 rows. Before /health turns ready it runs what a first burst of up to READY_ROWS clients meets
 (the prompt lengths and the bursts up to that size); the larger bursts, most of the warm-up's
-time (480 of its 511 rows at 256), run as idle work (Core.idle_work): one burst per pass of the
-engine's loop, only while no request is in the engine and once it has gone a second without a
-step, so start-up does not wait for them and a request that arrives waits at most for the burst
-under way. A CPU compiles nothing, so
-there it does nothing.
+time (480 of its 511 rows at 256), run as idle work (Core.idle_work): one batch step per pass of
+the engine's loop, only while no request is in the engine and once it has gone a second without
+a step, so start-up does not wait for them and a request that arrives waits at most for the step
+under way; the burst it interrupted is dropped (its KV freed) and runs again from its start later.
+A CPU compiles nothing, so there it does nothing.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ READY_ROWS = 16  # bursts up to this many rows are warmed before ready; larger o
 
 def warm_up(
     model: Model, config: SchedulerConfig, vocab_size: int, gpu_only: bool = True
-) -> Iterator[None] | None:
-    """Runs the warm-up's part before ready now and returns the rest as idle work, one burst per
-    next() (None on a CPU, unless gpu_only is off)."""
+) -> IdleBursts | None:
+    """Runs the warm-up's part before ready now and returns the rest as idle work (None on a
+    CPU, unless gpu_only is off)."""
     if gpu_only and mx.default_device().type != mx.DeviceType.gpu:
         return None
     sizes = [n for n in PROMPT_LENGTHS if n <= config.token_budget]
@@ -50,7 +50,8 @@ def warm_up(
     later = [_burst(b, vocab_size) for b in bursts if b > READY_ROWS]
     began = time.perf_counter()
     for unit in now:
-        _run(model, config, unit)
+        for _ in _steps(model, config, unit):
+            pass
     log.info(
         "warm-up: kernels for %d prompt lengths and batches up to %d rows in %.1f s%s",
         len(sizes),
@@ -58,17 +59,47 @@ def warm_up(
         time.perf_counter() - began,
         f"; up to {bursts[-1]} rows while idle" if later else "",
     )
-    return _idle(model, config, later) if later else None
+    return IdleBursts(model, config, later) if later else None
 
 
-def _idle(model: Model, config: SchedulerConfig, units: list[list[Request]]) -> Iterator[None]:
-    took = 0.0
-    for unit in units:
+class IdleBursts:
+    """The larger bursts as the core's idle work (engine.core.IdleWork): one batch step per
+    step(); pause() drops the burst under way, which starts again at the next step()."""
+
+    def __init__(self, model: Model, config: SchedulerConfig, bursts: list[list[Request]]) -> None:
+        self._model, self._config = model, config
+        self._bursts = list(bursts)
+        self._largest = max(len(b) for b in bursts)
+        self._current: Iterator[None] | None = None
+        self._took = 0.0
+        self.restarts = 0  # bursts dropped for a request and run again
+
+    def step(self) -> bool:
+        if not self._bursts:
+            return False
         began = time.perf_counter()
-        _run(model, config, unit)
-        took += time.perf_counter() - began
-        yield
-    log.info("warm-up while idle: batches up to %d rows in %.1f s", len(units[-1]), took)
+        if self._current is None:
+            self._current = _steps(self._model, self._config, self._bursts[0])
+        try:
+            next(self._current)
+        except StopIteration:
+            self._current = None
+            self._bursts.pop(0)
+        self._took += time.perf_counter() - began
+        if self._bursts:
+            return True
+        log.info(
+            "warm-up while idle: batches up to %d rows in %.1f s (%d restarted for requests)",
+            self._largest,
+            self._took,
+            self.restarts,
+        )
+        return False
+
+    def pause(self) -> None:
+        if self._current is not None:
+            self._current = None  # the burst's runner, scheduler and KV cache go with it
+            self.restarts += 1
 
 
 def _burst(rows: int, vocab_size: int) -> list[Request]:
@@ -80,8 +111,9 @@ def _request(rid: str, length: int, vocab_size: int) -> Request:
     return Request(f"warmup-{rid}", tokens, SamplingParams(), max_tokens=3)
 
 
-def _run(model: Model, config: SchedulerConfig, requests: list[Request]) -> None:
-    """The requests together, as the scheduler admits them, on a runner of their own."""
+def _steps(model: Model, config: SchedulerConfig, requests: list[Request]) -> Iterator[None]:
+    """The requests together, as the scheduler admits them, on a runner of their own; yields
+    after each batch step."""
     runner = BatchRunner(model, prefill_step_size=config.token_budget)
     sched = Scheduler(config, frozenset())
     for r in requests:
@@ -93,3 +125,4 @@ def _run(model: Model, config: SchedulerConfig, requests: list[Request]) -> None
             assert seq is not None
             runner.admit(seq.request)
         sched.update(plan, runner.step(plan))
+        yield

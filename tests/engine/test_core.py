@@ -286,44 +286,56 @@ def test_core_stops_a_row_whose_model_repeats_its_tool_call() -> None:
     assert h.runner.steps_taken == [stopped_at] and h.scheduler.kv_reserved == 0
 
 
+class ScriptedIdleWork:
+    """Idle work of `units` steps that records when each ran, whether a row was in the engine
+    then, and when the core paused it."""
+
+    def __init__(self, h: Harness, units: int, fail_at: int | None = None) -> None:
+        self.h, self.left, self.fail_at = h, units, fail_at
+        self.ran: list[tuple[float, bool]] = []
+        self.paused_at: list[tuple[float, int]] = []  # when, and after how many units
+        self.started = threading.Event()
+
+    def step(self) -> bool:
+        if self.fail_at is not None and len(self.ran) == self.fail_at:
+            raise RuntimeError("a kernel would not compile")
+        self.started.set()
+        self.ran.append((time.monotonic(), self.h.scheduler.has_work or bool(self.h.runner.rows)))
+        time.sleep(0.005)
+        self.left -= 1
+        return self.left > 0
+
+    def pause(self) -> None:
+        self.paused_at.append((time.monotonic(), len(self.ran)))
+
+
 def test_core_runs_idle_work_only_while_no_request_is_in_the_engine() -> None:
-    # The GPU warm-up is idle work: one unit per pass of the loop, never while a row is in the
-    # engine, so a request that arrives mid-warm-up is served at once and the warm-up resumes after.
-    # It waits for idle_after_s without a step, so a client's next request does not find a unit under way.
+    # The GPU warm-up is idle work: one unit (a batch step) per pass of the loop, never while a
+    # row is in the engine, so a request that arrives mid-warm-up is served at once — the work is
+    # paused first, to free what it holds — and the warm-up resumes after. It waits for
+    # idle_after_s without a step, so a client's next request does not find a unit under way.
     h = make(ScriptedRunner(["He", "llo", "!"], step_s=0.01))
     h.core.idle_after_s = 0.2
-    units_at: list[tuple[float, bool]] = []  # when each unit began, and whether a row was in
-    started = threading.Event()
-
-    def units() -> Iterator[None]:
-        for _ in range(40):
-            started.set()
-            units_at.append((time.monotonic(), h.scheduler.has_work or bool(h.runner.rows)))
-            time.sleep(0.005)
-            yield
-
-    h.core.idle_work = units()
+    work = ScriptedIdleWork(h, 40)
+    h.core.idle_work = work
     with serving(h):
-        assert started.wait(TIMEOUT_S)
+        assert work.started.wait(TIMEOUT_S)
+        submitted = time.monotonic()
         client = h.submit(req("a"))
         text, end = client.until_end()
-        answered, units_by_the_answer = time.monotonic(), len(units_at)
+        answered, units_by_the_answer = time.monotonic(), len(work.ran)
         wait_until(lambda: h.core.idle_work is None)
     assert text == "Hello!" and isinstance(end, Finished)
     assert units_by_the_answer < 40  # the request did not wait for the whole warm-up
-    assert len(units_at) == 40 and not any(busy for _, busy in units_at)
-    after = [at for at, _ in units_at[units_by_the_answer:]]
+    assert len(work.ran) == 40 and not any(busy for _, busy in work.ran)
+    assert [n for at, n in work.paused_at if at >= submitted] == [units_by_the_answer]  # paused once, on arrival
+    after = [at for at, _ in work.ran[units_by_the_answer:]]
     assert after[0] >= answered + 0.15  # idle work resumed only once the engine had been idle a while
 
 
 def test_core_serves_on_when_its_idle_work_fails() -> None:
     h = make(ScriptedRunner(["ok"]))
-
-    def units() -> Iterator[None]:
-        yield
-        raise RuntimeError("a kernel would not compile")
-
-    h.core.idle_work = units()
+    h.core.idle_work = ScriptedIdleWork(h, 10, fail_at=1)
     with serving(h):
         wait_until(lambda: h.core.idle_work is None)
         text, end = h.submit(req("a")).until_end()

@@ -196,8 +196,14 @@ def test_the_warm_up_runs_its_ready_part_then_idle_bursts_and_leaves_output_mlx_
     assert idle_work is not None
     sched, runner = Scheduler(config, frozenset(eos)), BatchRunner(model, prefill_step_size=128)
     assert drive(runner, sched, {0: [first]})["q0"] == reference(model, first.prompt_tokens, 12, eos)
-    assert sum(1 for _ in idle_work) == 1  # the 4-row burst
+    assert idle_work.step() and idle_work.step()  # the 4-row burst, a batch step at a time: its prefill, a token
+    idle_work.pause()  # a request arrives: the burst under way is dropped
     assert drive(runner, sched, {0: [second]})["q1"] == reference(model, second.prompt_tokens, 12, eos)
+    steps = 1
+    while idle_work.step():  # the burst again, from its start, to the end
+        steps += 1
+    assert idle_work.restarts == 1 and steps >= 3 and not idle_work.step()
+    assert drive(runner, sched, {0: [first]})["q0"] == reference(model, first.prompt_tokens, 12, eos)
     assert (
         engine.warmup.warm_up(model, replace(config, max_running=2), 100, gpu_only=False) is None
     )  # nothing left
