@@ -206,16 +206,34 @@ def make_core(
         draft.model if draft is not None else None,
         gated=settings.speculation_gated,
     )
+    per_shape = builds_per_shape()
     runner = BatchRunner(
-        loaded.model, prefill_step_size=settings.token_budget, prefix_cache=prefix, speculation=speculation
+        loaded.model,
+        prefill_step_size=settings.token_budget,
+        prefix_cache=prefix,
+        speculation=speculation,
+        bucket_prefill=per_shape,
     )
     core = Core(sched, runner, loaded.tokenizer, counters, prefix, settings.tool_call_parser)
     core.memory_plan = plan
     if settings.warmup and shard is None:  # a sharded group's ranks would have to warm up in step
         from engine.warmup import warm_up
 
-        core.idle_work = warm_up(loaded.model, sched.config, plan.shape.vocab)
+        core.idle_work = warm_up(loaded.model, sched.config, plan.shape.vocab, bucket_prefill=per_shape)
     return core
+
+
+def builds_per_shape() -> bool:
+    """Whether MLX's backend here builds a kernel for each new shape it meets, so that the
+    prompt widths the engine prefills are worth keeping to a ladder (BatchRunner.bucket_prefill).
+    CUDA does: even with cuDNN attention off (engine.backend), a prompt of a length not met
+    before took 11-52 ms to prefill on the H200 and 8-13 ms the next time (1B, 200-801 tokens,
+    bench/prefill_shapes.py). At exact widths prompts of every length keep meeting new shapes;
+    on the ladder a server meets a few dozen widths for each count of joining rows. Metal's and
+    the CPU's kernels are not built per length, so there prompts are not padded."""
+    import mlx.core as mx
+
+    return mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available()
 
 
 def load_and_build(

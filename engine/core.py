@@ -321,6 +321,18 @@ class Core:
             self._fail_row(seq_id, why)
         for update in self.scheduler.update(plan, out):
             self._deliver_guarded(update)
+        self._account(plan, started)
+
+    def _account(self, plan: StepPlan, started: float) -> None:
+        if not (plan.decode or plan.prefill):
+            return  # only released rows: no forward ran
+        c, took = self.counters, time.perf_counter() - started
+        c.engine_steps += 1
+        c.engine_step_rows += len(plan.decode)
+        c.engine_step_seconds += took
+        if plan.prefill:
+            c.engine_join_steps += 1
+            c.engine_join_step_seconds += took
 
     def _start_guarded(self, seq_id: str, now: float) -> None:
         try:

@@ -140,8 +140,10 @@ if TYPE_CHECKING:
     class PromptProcessingBatch:
         """Rows being prefilled, in one batch cache; `generate` turns them into decoding rows."""
 
+        model: Model
         uids: list[int]
         tokens: list[list[int]]  # each row's tokens in the cache
+        prompt_cache: list[Any]  # batch caches: each has prepare(lengths=, right_padding=) and finalize()
 
         def __init__(
             self,

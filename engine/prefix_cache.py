@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mlx.core as mx
-
-from engine.mlx_boundary import CacheLayer, LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+from engine.mlx_boundary import (
+    CacheLayer,
+    LRUPromptCache,
+    async_eval,
+    can_trim_prompt_cache,
+    trim_prompt_cache,
+)
 
 
 @dataclass(slots=True)
@@ -60,5 +64,7 @@ class PrefixCache:
     def store(self, tokens: list[int], cache: list[CacheLayer]) -> None:
         if not tokens:
             return
-        mx.eval([c.state for c in cache])  # detach from the batch's buffers now
+        # Detached from the batch's buffers by the accelerator in queue order: waiting for it
+        # here would idle the accelerator while the next step is built.
+        async_eval([c.state for c in cache])
         self._lru.insert_cache(self.model_key, list(tokens), cache)

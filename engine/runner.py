@@ -67,6 +67,42 @@ def draft_breakeven(model: Model, draft: Model, k: int) -> tuple[float, float | 
     return cost, need, need is None or need > TYPICAL_ACCEPTANCE
 
 
+def prefill_width(n: int) -> int:
+    """A prompt chunk of n tokens padded to a width on a ladder of four steps an octave (…, 16,
+    20, 24, 28, 32, 40, …; powers of two below 16): at most a quarter of a chunk is padding,
+    and prompts of any length meet a few dozen widths."""
+    if n <= 16:
+        return 1 << max(0, n - 1).bit_length()
+    step = 1 << (n.bit_length() - 3)
+    return -(-n // step) * step
+
+
+def prompt_lazily(batch: PromptProcessingBatch, tokens: list[list[int]], width: int = 0) -> None:
+    """What `batch.prompt(tokens)` computes, for a chunk that fits one forward, left unevaluated.
+
+    mlx-lm's prompt() evaluates each chunk, waiting there for the decode step already queued on
+    the accelerator, and then clears MLX's buffer cache, so the steps after it allocate their
+    buffers afresh. Unevaluated, the joining rows' prompt goes to the accelerator with their
+    first sampled token's forward, queued behind that decode step. The same operations run in
+    the same order, so the numerics are prompt()'s. Rows are right-padded to the longest, as
+    prompt() pads them, or to `width` when that is longer (the padding is rolled to the left of
+    each row's cache by the caches' finalize(), as in prompt()).
+    """
+    for held, more in zip(batch.tokens, tokens):
+        held += more
+    lengths = [len(t) for t in tokens]
+    longest = max(lengths + [width])
+    padding = [longest - n for n in lengths]
+    padded = max(padding) > 0
+    if padded:
+        for c in batch.prompt_cache:
+            c.prepare(lengths=lengths, right_padding=padding)
+    batch.model(mx.array([t + [0] * p for t, p in zip(tokens, padding)]), cache=batch.prompt_cache)
+    if padded:
+        for c in batch.prompt_cache:
+            c.finalize()
+
+
 class BatchRunner:
     """Owns the KV caches and the model calls. Called only from the engine's owner thread."""
 
@@ -78,9 +114,13 @@ class BatchRunner:
         prefix_cache: PrefixCache | None = None,
         speculation: Speculation | None = None,
         lone_row: bool = True,
+        bucket_prefill: bool = False,
     ) -> None:
         self.model = model
         self.lone_row = lone_row  # a lone row steps on plain KV caches (off: only to bench the difference)
+        # Joining rows' prompts padded to prefill_width: for a backend that builds kernels for
+        # each new shape (engine.build.builds_per_shape)
+        self.bucket_prefill = bucket_prefill
         self.prefill_step_size = prefill_step_size
         self.prefix_cache = prefix_cache
         self.speculation = speculation or Speculation()
@@ -312,7 +352,17 @@ class BatchRunner:
             merged.extend(batch)
         prompts = [list(self._requests[self._seq_of[uid]].prompt_tokens) for uid in merged.uids]
         seq_ids = [self._seq_of[uid] for uid in merged.uids]
-        self._gen.extend(merged.generate([tokens for _, tokens in finals]))
+        tails = [tokens for _, tokens in finals]
+        if any(len(t) > 1 for t in tails):
+            heads = [t[:-1] for t in tails]
+            width = max(len(h) for h in heads)
+            if self.bucket_prefill:
+                width = prefill_width(width)
+            if len(heads) * width <= self.prefill_step_size:
+                prompt_lazily(merged, heads, width)
+            else:
+                merged.prompt(heads)
+        self._gen.extend(merged.generate([t[-1:] for t in tails]))
         if self._draft_rows is not None:
             rows = len(self._gen)
             self._draft_rows.prefill(prompts, [self._mirrors(s, rows) for s in seq_ids])
@@ -368,6 +418,7 @@ class BatchRunner:
             prefix_cache=self.prefix_cache,
             speculation=self.speculation,
             lone_row=self.lone_row,
+            bucket_prefill=self.bucket_prefill,
         )
 
     @property

@@ -162,3 +162,9 @@ class Counters:
     num_requests_running: int = 0  # gauges, refreshed every engine step
     num_requests_waiting: int = 0
     kv_cache_usage_perc: float = 0.0  # KV tokens held / the admission plan's KV capacity
+    # The loop's own account (how full the batch ran, how much of the time was spent joining):
+    engine_steps: int = 0  # steps run
+    engine_step_rows: int = 0  # decoding rows summed over steps (÷ steps: the batch's mean width)
+    engine_join_steps: int = 0  # steps that carried prompt chunks
+    engine_step_seconds: float = 0.0  # wall time inside steps
+    engine_join_step_seconds: float = 0.0  # of which in steps that carried prompt chunks

@@ -36,7 +36,11 @@ READY_ROWS = 16  # bursts up to this many rows are warmed before ready; larger o
 
 
 def warm_up(
-    model: Model, config: SchedulerConfig, vocab_size: int, gpu_only: bool = True
+    model: Model,
+    config: SchedulerConfig,
+    vocab_size: int,
+    gpu_only: bool = True,
+    bucket_prefill: bool = False,
 ) -> IdleBursts | None:
     """Runs the warm-up's part before ready now and returns the rest as idle work (None on a
     CPU, unless gpu_only is off)."""
@@ -50,7 +54,7 @@ def warm_up(
     later = [_burst(b, vocab_size) for b in bursts if b > READY_ROWS]
     began = time.perf_counter()
     for unit in now:
-        for _ in _steps(model, config, unit):
+        for _ in _steps(model, config, unit, bucket_prefill):
             pass
     log.info(
         "warm-up: kernels for %d prompt lengths and batches up to %d rows in %.1f s%s",
@@ -59,15 +63,17 @@ def warm_up(
         time.perf_counter() - began,
         f"; up to {bursts[-1]} rows while idle" if later else "",
     )
-    return IdleBursts(model, config, later) if later else None
+    return IdleBursts(model, config, later, bucket_prefill) if later else None
 
 
 class IdleBursts:
     """The larger bursts as the core's idle work (engine.core.IdleWork): one batch step per
     step(); pause() drops the burst under way, which starts again at the next step()."""
 
-    def __init__(self, model: Model, config: SchedulerConfig, bursts: list[list[Request]]) -> None:
-        self._model, self._config = model, config
+    def __init__(
+        self, model: Model, config: SchedulerConfig, bursts: list[list[Request]], bucket_prefill: bool = False
+    ) -> None:
+        self._model, self._config, self._bucket = model, config, bucket_prefill
         self._bursts = list(bursts)
         self._largest = max(len(b) for b in bursts)
         self._current: Iterator[None] | None = None
@@ -79,7 +85,7 @@ class IdleBursts:
             return False
         began = time.perf_counter()
         if self._current is None:
-            self._current = _steps(self._model, self._config, self._bursts[0])
+            self._current = _steps(self._model, self._config, self._bursts[0], self._bucket)
         try:
             next(self._current)
         except StopIteration:
@@ -111,10 +117,12 @@ def _request(rid: str, length: int, vocab_size: int) -> Request:
     return Request(f"warmup-{rid}", tokens, SamplingParams(), max_tokens=3)
 
 
-def _steps(model: Model, config: SchedulerConfig, requests: list[Request]) -> Iterator[None]:
+def _steps(
+    model: Model, config: SchedulerConfig, requests: list[Request], bucket_prefill: bool = False
+) -> Iterator[None]:
     """The requests together, as the scheduler admits them, on a runner of their own; yields
     after each batch step."""
-    runner = BatchRunner(model, prefill_step_size=config.token_budget)
+    runner = BatchRunner(model, prefill_step_size=config.token_budget, bucket_prefill=bucket_prefill)
     sched = Scheduler(config, frozenset())
     for r in requests:
         sched.add(r)

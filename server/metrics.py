@@ -92,6 +92,11 @@ ENGINE_COUNTERS = {
     "spec_decode_num_draft_tokens": "Speculative decoding: tokens proposed by the drafter.",
     "spec_decode_num_accepted_tokens": "Speculative decoding: draft tokens accepted by the target.",
     "num_preemptions": "Requests preempted to free KV memory.",
+    "engine_steps": "Engine steps run (one batched forward each).",
+    "engine_step_rows": "Decoding rows summed over engine steps (divided by engine_steps: the mean batch width).",
+    "engine_join_steps": "Engine steps that carried prompt chunks (prefill).",
+    "engine_step_seconds": "Wall time inside engine steps.",
+    "engine_join_step_seconds": "Wall time inside engine steps that carried prompt chunks.",
 }
 
 

@@ -340,3 +340,19 @@ def test_core_serves_on_when_its_idle_work_fails() -> None:
         wait_until(lambda: h.core.idle_work is None)
         text, end = h.submit(req("a")).until_end()
     assert text == "ok" and isinstance(end, Finished)
+
+
+def test_core_counts_its_steps_rows_and_joins() -> None:
+    # /stats and /metrics: how full the batch ran and how many steps carried prefill.
+    h = make(ScriptedRunner([f"t{i}" for i in range(20)]))
+    a, b = req("a", max_tokens=5), req("b", max_tokens=3)
+    clients = [h.submit(a), h.submit(b)]
+    with serving(h):
+        for client in clients:
+            client.until_end()
+        wait_until(lambda: idle(h))
+    c = h.core.counters
+    # step 1 prefills both (each samples its first token); then both decode for two steps and
+    # "a" alone for two more
+    assert (c.engine_steps, c.engine_join_steps, c.engine_step_rows) == (5, 1, 2 + 2 + 1 + 1)
+    assert c.engine_step_seconds >= c.engine_join_step_seconds > 0
