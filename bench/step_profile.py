@@ -40,9 +40,11 @@ class Level:
     prefill_steps: list[float] = field(default_factory=list)
 
 
-def run_level(model: Any, tokenizer: Any, prompts: list[list[int]], clients: int, tokens: int) -> Level:
+def run_level(
+    model: Any, tokenizer: Any, prompts: list[list[int]], clients: int, tokens: int, **runner_args: Any
+) -> Level:
     sched = Scheduler(SchedulerConfig(max_running=max(clients, 1)), frozenset())
-    runner = BatchRunner(model)
+    runner = BatchRunner(model, **runner_args)
     total = 2 * clients
     sent, done, lvl = 0, 0, Level(clients)
     detok: dict[str, Any] = {}
