@@ -28,6 +28,7 @@ from engine.mlx_boundary import (
     greedy_sampler,
     make_prompt_cache,
 )
+from engine.prefill import prefill_width, prompt_lazily
 from engine.prefix_cache import PrefixCache
 from engine.row_guard import RowFaults, fenced_processor, fenced_sampler
 from engine.sampling import make_row_processors, make_row_sampler
@@ -65,42 +66,6 @@ def draft_breakeven(model: Model, draft: Model, k: int) -> tuple[float, float | 
     cost = weights_bytes(draft) / max(weights_bytes(model), 1)
     need = breakeven_acceptance(cost, k)
     return cost, need, need is None or need > TYPICAL_ACCEPTANCE
-
-
-def prefill_width(n: int) -> int:
-    """A prompt chunk of n tokens padded to a width on a ladder of four steps an octave (…, 16,
-    20, 24, 28, 32, 40, …; powers of two below 16): at most a quarter of a chunk is padding,
-    and prompts of any length meet a few dozen widths."""
-    if n <= 16:
-        return 1 << max(0, n - 1).bit_length()
-    step = 1 << (n.bit_length() - 3)
-    return -(-n // step) * step
-
-
-def prompt_lazily(batch: PromptProcessingBatch, tokens: list[list[int]], width: int = 0) -> None:
-    """What `batch.prompt(tokens)` computes, for a chunk that fits one forward, left unevaluated.
-
-    mlx-lm's prompt() evaluates each chunk, waiting there for the decode step already queued on
-    the accelerator, and then clears MLX's buffer cache, so the steps after it allocate their
-    buffers afresh. Unevaluated, the joining rows' prompt goes to the accelerator with their
-    first sampled token's forward, queued behind that decode step. The same operations run in
-    the same order, so the numerics are prompt()'s. Rows are right-padded to the longest, as
-    prompt() pads them, or to `width` when that is longer (the padding is rolled to the left of
-    each row's cache by the caches' finalize(), as in prompt()).
-    """
-    for held, more in zip(batch.tokens, tokens):
-        held += more
-    lengths = [len(t) for t in tokens]
-    longest = max(lengths + [width])
-    padding = [longest - n for n in lengths]
-    padded = max(padding) > 0
-    if padded:
-        for c in batch.prompt_cache:
-            c.prepare(lengths=lengths, right_padding=padding)
-    batch.model(mx.array([t + [0] * p for t, p in zip(tokens, padding)]), cache=batch.prompt_cache)
-    if padded:
-        for c in batch.prompt_cache:
-            c.finalize()
 
 
 class BatchRunner:

@@ -16,6 +16,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
+import engine.prefill as prefill
 import engine.runner as runner_module
 from engine.prefix_cache import PrefixCache
 from engine.runner import BatchRunner
@@ -89,15 +90,15 @@ def test_runner_rows_joining_at_a_padded_width_keep_mlx_lm_greedy(
     smollm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With bucket_prefill (what a CUDA GPU gets: engine.build.builds_per_shape), rows that join
-    together are prefilled unevaluated at a width on runner.prefill_width's ladder, longer than
-    their longest prompt; the padding is rolled out of their caches, and every row's greedy
-    tokens still equal mlx-lm's, while the rows already decoding carry on."""
+    together are prefilled unevaluated at a width on engine.prefill.prefill_width's ladder,
+    longer than their longest prompt; the padding is rolled out of their caches, and every
+    row's greedy tokens still equal mlx-lm's, while the rows already decoding carry on."""
     model, tokenizer = smollm
     eos = set(tokenizer.eos_token_ids)
     requests = [Request(f"r{i}", prompt_ids(tokenizer, q), SamplingParams(), 10)
                 for i, q in enumerate(QUESTIONS)]
     widths: list[tuple[list[int], int]] = []
-    lazily = runner_module.prompt_lazily
+    lazily = prefill.prompt_lazily
 
     def watched(batch: Any, tokens: list[list[int]], width: int = 0) -> None:
         widths.append(([len(t) for t in tokens], width))
@@ -111,7 +112,7 @@ def test_runner_rows_joining_at_a_padded_width_keep_mlx_lm_greedy(
         assert got[r.id] == reference(model, r.prompt_tokens, r.max_tokens, eos), r.id
     assert len(widths) == 2  # three rows joined at once, twice
     for lengths, width in widths:
-        assert width == runner_module.prefill_width(max(lengths)) > max(lengths), widths
+        assert width == prefill.prefill_width(max(lengths)) > max(lengths), widths
 
 
 def test_runner_a_lone_row_steps_on_plain_caches_and_rows_joining_it_keep_mlx_lm_greedy(
@@ -240,9 +241,9 @@ def test_the_warm_up_runs_its_ready_part_then_idle_bursts_and_leaves_output_mlx_
 
 
 def test_prefill_width_pads_at_most_a_quarter_onto_a_few_dozen_widths() -> None:
-    widths = {runner_module.prefill_width(n) for n in range(1, 2049)}
+    widths = {prefill.prefill_width(n) for n in range(1, 2049)}
     assert len(widths) == 33 and max(widths) == 2048
     for n in range(17, 4097):
-        w = runner_module.prefill_width(n)
+        w = prefill.prefill_width(n)
         assert n <= w <= n * 1.25, n
-    assert [runner_module.prefill_width(n) for n in (1, 3, 9, 16, 17, 90)] == [1, 4, 16, 16, 20, 96]
+    assert [prefill.prefill_width(n) for n in (1, 3, 9, 16, 17, 90)] == [1, 4, 16, 16, 20, 96]
