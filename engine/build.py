@@ -213,6 +213,7 @@ def make_core(
         prefix_cache=prefix,
         speculation=speculation,
         bucket_prefill=per_shape,
+        separate_prefill=shard is not None,
     )
     core = Core(sched, runner, loaded.tokenizer, counters, prefix, settings.tool_call_parser)
     core.memory_plan = plan

@@ -80,12 +80,17 @@ class BatchRunner:
         speculation: Speculation | None = None,
         lone_row: bool = True,
         bucket_prefill: bool = False,
+        separate_prefill: bool = False,
     ) -> None:
         self.model = model
         self.lone_row = lone_row  # a lone row steps on plain KV caches (off: only to bench the difference)
         # Joining rows' prompts padded to prefill_width: for a backend that builds kernels for
         # each new shape (engine.build.builds_per_shape)
         self.bucket_prefill = bucket_prefill
+        # Joining rows' prefill evaluated on its own, before their first-token forward: a sharded
+        # model's collectives must run in the same order on every rank, and one graph holding
+        # both forwards does not promise that (a pipeline group's ranks diverged)
+        self.separate_prefill = separate_prefill
         self.prefill_step_size = prefill_step_size
         self.prefix_cache = prefix_cache
         self.speculation = speculation or Speculation()
@@ -325,6 +330,8 @@ class BatchRunner:
                 width = prefill_width(width)
             if len(heads) * width <= self.prefill_step_size:
                 prompt_lazily(merged, heads, width)
+                if self.separate_prefill:
+                    mx.eval([c.state for c in merged.prompt_cache])
             else:
                 merged.prompt(heads)
         self._gen.extend(merged.generate([t[-1:] for t in tails]))
@@ -384,6 +391,7 @@ class BatchRunner:
             speculation=self.speculation,
             lone_row=self.lone_row,
             bucket_prefill=self.bucket_prefill,
+            separate_prefill=self.separate_prefill,
         )
 
     @property
