@@ -3,7 +3,9 @@
 # process spends its time under the bench's own closed-loop load (C clients over several client
 # processes, as bench.serve_compare measures it): py-spy records the engine process and the server
 # process for SECONDS once C rows are running.
-#   SHAPE=1b [CLIENTS=64] [SECONDS=10] bash bench/gpu_profile_load.sh   (outputs under $OUT)
+#   SHAPE=1b [CLIENTS=64] [SECONDS=10] [NATIVE=1] bash bench/gpu_profile_load.sh   (outputs under $OUT)
+# NATIVE=1 records the engine process's native frames too (MLX's C++ and the CUDA libraries under
+# the Python ones), at 100 Hz and pausing it for each sample, so its timing is disturbed a little.
 set -uo pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 out=${OUT:-/tmp/out}; shape=${SHAPE:-1b}; m=/tmp/llama-$shape; c=${CLIENTS:-64}; mkdir -p "$out"
@@ -18,7 +20,8 @@ until python3 -c "import httpx,sys; s=httpx.get('http://127.0.0.1:$port/stats',t
 sleep 3
 server=$(pgrep -f "server --model $m" | head -1)
 child=$(pgrep -P $server -f spawn_main | head -1)
-/tmp/spy/bin/py-spy record --pid $child --duration ${SECONDS:-10} --rate 400 --idle --threads --nonblocking --format raw \
+how="--rate 400 --nonblocking"; [ "${NATIVE:-0}" = 1 ] && how="--rate 100 --native"
+/tmp/spy/bin/py-spy record --pid $child --duration ${SECONDS:-10} $how --idle --threads --format raw \
   -o "$out/spy-load-engine-$shape-c$c.txt" > /dev/null 2>&1 &
 /tmp/spy/bin/py-spy record --pid $server --duration ${SECONDS:-10} --rate 400 --idle --threads --nonblocking --format raw \
   -o "$out/spy-load-server-$shape-c$c.txt" > /dev/null 2>&1
