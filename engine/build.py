@@ -176,7 +176,9 @@ def make_core(
 ) -> Core:
     """Plan memory (raises InsufficientMemory when nothing fits), then build the core.
     `shard` (a sharded rank) makes the plan the group's and scales the prefix cache to this rank."""
-    from engine.prefix_cache import PrefixCache
+    import mlx.core as mx
+
+    from engine.prefix_cache import PrefixCache, gpu_min_hit
     from engine.runner import BatchRunner, Speculation
     from engine.scheduler import Scheduler, SchedulerConfig
 
@@ -195,10 +197,15 @@ def make_core(
         frozenset(loaded.tokenizer.eos_token_ids),
     )
     prefix_bytes = settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES
-    prefix = PrefixCache(
-        f"{loaded.model_id}|{adapter_path or ''}",
-        max_entries=settings.prompt_cache_size,
-        max_bytes=shard.prefix_bytes(prefix_bytes) if shard is not None else prefix_bytes,
+    prefix = (  # --prompt-cache-size 0: no prefix cache at all (no copy of a finished row's KV)
+        PrefixCache(
+            f"{loaded.model_id}|{adapter_path or ''}",
+            max_entries=settings.prompt_cache_size,
+            max_bytes=shard.prefix_bytes(prefix_bytes) if shard is not None else prefix_bytes,
+            min_hit=gpu_min_hit(mx.default_device().type == mx.DeviceType.gpu),
+        )
+        if settings.prompt_cache_size > 0
+        else None
     )
     speculation = Speculation(
         settings.draft_kind,

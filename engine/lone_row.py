@@ -15,10 +15,11 @@ caches throughout.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import mlx.core as mx
 
+from engine.batch_padding import padding_of
 from engine.mlx_boundary import BatchKVCache, CacheLayer, KVCache
 
 MakeMask = Callable[..., mx.array | None]  # BatchKVCache.make_mask
@@ -58,7 +59,7 @@ def to_plain(caches: Sequence[CacheLayer]) -> list[CacheLayer]:
         assert isinstance(c, BatchKVCache)
         kv = KVCache()
         if c.keys is not None and c.values is not None:
-            pad = cast("list[int]", c.left_padding.tolist())[0]
+            pad = padding_of(c)[0]
             kv.keys = c.keys if pad == 0 else c.keys[..., pad:, :]
             kv.values = c.values if pad == 0 else c.values[..., pad:, :]
             kv.offset = c._idx - pad

@@ -127,16 +127,6 @@ if TYPE_CHECKING:
         def tokens(self) -> mx.array: ...
         def update_and_fetch(self, tokens: mx.array) -> mx.array: ...
 
-    class LRUPromptCache:
-        def __init__(self, max_size: int = 10, max_bytes: int = 1 << 63) -> None: ...
-        def __len__(self) -> int: ...
-        @property
-        def nbytes(self) -> int: ...
-        def fetch_nearest_cache(
-            self, model: str, tokens: list[int]
-        ) -> tuple[list[CacheLayer] | None, list[int]]: ...
-        def insert_cache(self, model: str, tokens: list[int], prompt_cache: list[CacheLayer]) -> None: ...
-
     class PromptProcessingBatch:
         """Rows being prefilled, in one batch cache; `generate` turns them into decoding rows."""
 
@@ -200,7 +190,6 @@ else:
     from mlx_lm.models.cache import (
         BatchKVCache,
         KVCache,
-        LRUPromptCache,
         TokenBuffer,
         can_trim_prompt_cache,
         make_prompt_cache,
@@ -217,7 +206,6 @@ __all__ = [
     "Detokenizer",
     "GenerationBatch",
     "KVCache",
-    "LRUPromptCache",
     "LogitsProcessor",
     "Model",
     "PromptProcessingBatch",

@@ -5,7 +5,8 @@ numerics are those of a lone request); on its last chunk it joins the running ge
 batch, whose caches are mlx-lm's left-padded batch caches (plain KV caches while one row steps
 alone: engine.lone_row). Leaving is a filter of that batch.
 mlx-lm's GenerationBatch pipelines: the next step's forward is queued before the current
-step's tokens are read, so Python bookkeeping overlaps the accelerator.
+step's tokens are read, so Python bookkeeping overlaps the accelerator; rows leave without
+reading the batch's padding back (engine.batch_padding), so that overlap holds when they do.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import cast
 
 import mlx.core as mx
 
+import engine.batch_padding  # noqa: F401 - batch caches keep their padding on the host too
 from engine.admission import weights_bytes
 from engine.mlx_boundary import (
     CacheLayer,
@@ -125,18 +127,19 @@ class BatchRunner:
         processors = make_row_processors(request.sampling)
         if constraint is not None:
             processors.append(constraint)
-        prompt = PromptProcessingBatch(
-            self.model,
-            [uid],
-            [cache if cache is not None else make_prompt_cache(self.model)],
-            tokens=[list(request.prompt_tokens[:num_cached])],
-            prefill_step_size=self.prefill_step_size,
-            samplers=[fenced_sampler(make_row_sampler(request.sampling), uid, self._faults)],
-            fallback_sampler=greedy_sampler,
-            logits_processors=[[fenced_processor(p, uid, self._faults) for p in processors]],
-            stop_sequences=[self._no_stops],
-            max_tokens=[NO_LIMIT],
-        )
+        with mx.stream(generation_stream):  # merging a cached prefix's caches: on the step's stream
+            prompt = PromptProcessingBatch(
+                self.model,
+                [uid],
+                [cache if cache is not None else make_prompt_cache(self.model)],
+                tokens=[list(request.prompt_tokens[:num_cached])],
+                prefill_step_size=self.prefill_step_size,
+                samplers=[fenced_sampler(make_row_sampler(request.sampling), uid, self._faults)],
+                fallback_sampler=greedy_sampler,
+                logits_processors=[[fenced_processor(p, uid, self._faults) for p in processors]],
+                stop_sequences=[self._no_stops],
+                max_tokens=[NO_LIMIT],
+            )
         row = self._row_speculation(request)
         self._uid_of[request.id], self._seq_of[uid] = uid, request.id
         self._requests[request.id] = request
@@ -376,9 +379,13 @@ class BatchRunner:
         if len(keep) == len(self._gen.uids):
             return
         if self.prefix_cache is not None and store:
-            for i, uid in enumerate(self._gen.uids):
-                if uid in gone:
-                    self.prefix_cache.store(list(self._gen.tokens[i]), self._gen.extract_cache(i))
+            self.prefix_cache.store_many(
+                [
+                    (list(self._gen.tokens[i]), self._gen.extract_cache(i))
+                    for i, uid in enumerate(self._gen.uids)
+                    if uid in gone
+                ]
+            )
         self._gen.filter(keep)
 
     def reset(self) -> None:

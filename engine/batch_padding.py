@@ -1,0 +1,141 @@
+"""mlx-lm's batch KV cache, with each row's left padding known on the host too.
+
+mlx-lm keeps a batch cache's left padding only as an array, and reads it back where it needs
+a Python number: `filter` (a row leaves) takes its minimum to slice off the padding every row
+shares, `extract` (the prefix cache keeps a finished row) its row's value. Reading an array
+back waits for everything queued before it on the stream, and in a pipelined engine that is
+the decode step already on its way: every step where a row left waited for it, then built the
+step's joins and its next forward while the accelerator idled (on the H200 at 64 clients a
+step where rows left and others joined cost several plain steps).
+
+So every BatchKVCache also carries its padding as a list, paired with the array it mirrors:
+the constructor (and so `merge`), `prepare`, `finalize`, `extend` and `filter` keep the two
+in step, and `filter` and `extract` read the list. Whatever else replaces the array (a
+speculative cut, `state =`, another subclass) leaves the list paired with an array that is no
+longer the cache's, and then these methods read the array as mlx-lm does. The arithmetic is
+mlx-lm's own (mlx_lm/models/cache.py, BatchKVCache), done on the list beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import mlx.core as mx
+
+from engine.mlx_boundary import BatchKVCache, KVCache
+
+_ATTR = "_mlx_serve_padding"  # (the left_padding array it mirrors, its values)
+_RIGHT = "_mlx_serve_right_padding"  # prepare()'s right padding, until finalize()
+
+
+def host_padding(c: BatchKVCache) -> list[int] | None:
+    """The cache's left padding per row, if known on the host (no wait for the stream)."""
+    pair = getattr(c, _ATTR, None)
+    if pair is not None and pair[0] is c.left_padding:
+        return cast("list[int]", pair[1])
+    return None
+
+
+def padding_of(c: BatchKVCache) -> list[int]:
+    """The cache's left padding per row: from the host when known, else read back."""
+    known = host_padding(c)
+    return known if known is not None else cast("list[int]", c.left_padding.tolist())
+
+
+def _pair(c: BatchKVCache, values: list[int]) -> None:
+    setattr(c, _ATTR, (c.left_padding, values))
+
+
+# mlx-lm's own methods, by name: the ones that read the padding back are called only where the
+# host copy is not known
+MLX: dict[str, Any] = {}
+
+
+def _install() -> None:
+    mlx_init, mlx_prepare = BatchKVCache.__init__, BatchKVCache.prepare  # type: ignore[attr-defined]
+    mlx_finalize, mlx_extend = BatchKVCache.finalize, BatchKVCache.extend  # type: ignore[attr-defined]
+    MLX.update(filter=BatchKVCache.filter, extract=BatchKVCache.extract)
+
+    def __init__(self: BatchKVCache, left_padding: list[int]) -> None:
+        mlx_init(self, left_padding)
+        _pair(self, [int(p) for p in left_padding])
+
+    def prepare(
+        self: BatchKVCache, *, left_padding: Any = None, lengths: Any = None, right_padding: Any = None
+    ) -> None:
+        known = host_padding(self)
+        mlx_prepare(self, left_padding=left_padding, lengths=lengths, right_padding=right_padding)
+        if known is None:
+            return
+        if left_padding is not None:
+            _pair(self, [p + int(extra) for p, extra in zip(known, left_padding)])
+        right = [int(r) for r in right_padding] if right_padding is not None else []
+        setattr(self, _RIGHT, right if right and max(right) > 0 else None)
+
+    def finalize(self: BatchKVCache) -> None:
+        known, right = host_padding(self), getattr(self, _RIGHT, None)
+        mlx_finalize(self)
+        setattr(self, _RIGHT, None)
+        if known is not None and right is not None:
+            _pair(self, [p + r for p, r in zip(known, right)])
+
+    def extend(self: BatchKVCache, other: BatchKVCache) -> None:
+        mine, theirs = host_padding(self), host_padding(other)
+        empty = self.keys is None and other.keys is None
+        idx, other_idx = self._idx, other._idx
+        mlx_extend(self, other)
+        if mine is None or theirs is None:
+            return
+        if empty:
+            _pair(self, mine + theirs)
+        else:
+            top = max(idx, other_idx)
+            _pair(self, [p + top - idx for p in mine] + [p + top - other_idx for p in theirs])
+
+    def filter_rows(self: BatchKVCache, batch_indices: list[int]) -> None:
+        known = host_padding(self)
+        if known is None or not isinstance(batch_indices, list) or not batch_indices:
+            MLX["filter"](self, batch_indices)
+            if self.left_padding.size:
+                _pair(self, cast("list[int]", self.left_padding.tolist()))  # read back once
+            return
+        if self.keys is not None and self.values is not None:
+            self.keys = self.keys[batch_indices]
+            self.values = self.values[batch_indices]
+        self.offset = self.offset[batch_indices]
+        self.left_padding = self.left_padding[batch_indices]
+        kept = [known[i] for i in batch_indices]
+        shared = min(kept)  # padding every remaining row has: sliced off the front
+        if shared > 0:
+            if self.keys is not None and self.values is not None:
+                self.keys = self.keys[..., shared:, :]
+                self.values = self.values[..., shared:, :]
+            self._idx -= shared
+            self.left_padding = self.left_padding - shared
+            kept = [p - shared for p in kept]
+        _pair(self, kept)
+
+    def extract(self: BatchKVCache, idx: int) -> KVCache:
+        known = host_padding(self)
+        if known is None or self.keys is None or self.values is None:
+            return cast("KVCache", MLX["extract"](self, idx))
+        cache = KVCache()
+        start = known[idx]
+        cache.keys = mx.contiguous(self.keys[idx : idx + 1, :, start : self._idx])
+        cache.values = mx.contiguous(self.values[idx : idx + 1, :, start : self._idx])
+        cache.offset = cache.keys.shape[2]
+        return cache
+
+    BatchKVCache.__init__ = __init__  # type: ignore[method-assign]
+    BatchKVCache.prepare = prepare  # type: ignore[attr-defined]
+    BatchKVCache.finalize = finalize  # type: ignore[attr-defined]
+    BatchKVCache.extend = extend  # type: ignore[method-assign]
+    BatchKVCache.filter = filter_rows  # type: ignore[method-assign]
+    BatchKVCache.extract = extract  # type: ignore[method-assign]
+    BatchKVCache._mlx_serve_padding_installed = True  # type: ignore[attr-defined]
+
+
+if not getattr(BatchKVCache, "_mlx_serve_padding_installed", False):
+    _install()
+
+__all__ = ["host_padding", "padding_of"]
