@@ -46,6 +46,54 @@ def _pair(c: BatchKVCache, values: list[int]) -> None:
     setattr(c, _ATTR, (c.left_padding, values))
 
 
+def concat_rows(caches: list[BatchKVCache]) -> BatchKVCache | None:
+    """One layer's batch caches as one, rows in order: what extending the first by each of the
+    others in turn makes (mlx-lm's `extend`: rows right-justified to the longest write
+    position), with one concatenation instead of one per cache, which re-pads the growing batch
+    every time. None where a cache is not a plain BatchKVCache with its padding known here."""
+    known = [host_padding(c) for c in caches]
+    if any(type(c) is not BatchKVCache for c in caches) or any(k is None for k in known):
+        return None
+    pads = cast("list[list[int]]", known)
+    out = caches[0]
+    if all(c.keys is None for c in caches):
+        out.left_padding = mx.concatenate([c.left_padding for c in caches])
+        out.offset = mx.concatenate([c.offset for c in caches])
+        _pair(out, [p for pad in pads for p in pad])
+        return out
+    top = max(c._idx for c in caches)
+    written = [(c.keys, c.values) for c in caches if c.keys is not None and c.values is not None]
+    k0, v0 = written[0]
+    heads, k_dim, v_dim, dtype = k0.shape[1], k0.shape[3], v0.shape[3], k0.dtype
+    size = max(k.shape[2] for k, _ in written)
+    keys, values, padding, shifted = [], [], [], []
+    for c, pad in zip(caches, pads):
+        k, v = c.keys, c.values
+        if k is None or v is None:
+            rows = c.offset.shape[0]
+            k, v = (
+                mx.zeros((rows, heads, 0, k_dim), dtype=dtype),
+                mx.zeros((rows, heads, 0, v_dim), dtype=dtype),
+            )
+        left = top - c._idx
+        right = size - k.shape[2] - left
+        if right < 0:
+            k, v, right = k[..., :right, :], v[..., :right, :], 0
+        if left or right:
+            k = mx.pad(k, [(0, 0), (0, 0), (left, right), (0, 0)])
+            v = mx.pad(v, [(0, 0), (0, 0), (left, right), (0, 0)])
+        keys.append(k)
+        values.append(v)
+        padding.append(c.left_padding + left)
+        shifted += [p + left for p in pad]
+    out.keys, out.values = mx.concatenate(keys), mx.concatenate(values)
+    out.offset = mx.concatenate([c.offset for c in caches])
+    out.left_padding = mx.concatenate(padding)
+    out._idx = top
+    _pair(out, shifted)
+    return out
+
+
 # mlx-lm's own methods, by name: the ones that read the padding back are called only where the
 # host copy is not known
 MLX: dict[str, Any] = {}
@@ -138,4 +186,4 @@ def _install() -> None:
 if not getattr(BatchKVCache, "_mlx_serve_padding_installed", False):
     _install()
 
-__all__ = ["host_padding", "padding_of"]
+__all__ = ["concat_rows", "host_padding", "padding_of"]

@@ -134,6 +134,10 @@ if TYPE_CHECKING:
         uids: list[int]
         tokens: list[list[int]]  # each row's tokens in the cache
         prompt_cache: list[Any]  # batch caches: each has prepare(lengths=, right_padding=) and finalize()
+        samplers: list[Sampler]
+        logits_processors: list[list[LogitsProcessor]]
+        max_tokens: list[int]
+        stop_sequences: list[StopSequences]
 
         def __init__(
             self,

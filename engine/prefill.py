@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from engine.batch_padding import concat_rows
 from engine.mlx_boundary import PromptProcessingBatch
 
 
@@ -45,3 +46,29 @@ def prompt_lazily(batch: PromptProcessingBatch, tokens: list[list[int]], width: 
     if padded:
         for c in batch.prompt_cache:
             c.finalize()
+
+
+def join_batches(batches: list[PromptProcessingBatch]) -> PromptProcessingBatch:
+    """The joining rows' prompt batches (one row each, as admitted) as one: the first, extended
+    by the others. Each layer's caches are concatenated once (engine.batch_padding.concat_rows)
+    where mlx-lm's `extend`, one batch at a time, re-pads and copies the growing batch's caches
+    for every row (rows that start from a cached prefix have KV to copy); layers it cannot
+    concatenate so are extended as mlx-lm does."""
+    merged = batches[0]
+    rest = batches[1:]
+    if not rest:
+        return merged
+    layers = [concat_rows([b.prompt_cache[i] for b in batches]) for i in range(len(merged.prompt_cache))]
+    if any(layer is None for layer in layers):
+        for batch in rest:
+            merged.extend(batch)
+        return merged
+    for batch in rest:
+        merged.uids.extend(batch.uids)
+        merged.tokens.extend(batch.tokens)
+        merged.samplers.extend(batch.samplers)
+        merged.logits_processors.extend(batch.logits_processors)
+        merged.max_tokens.extend(batch.max_tokens)
+        merged.stop_sequences.extend(batch.stop_sequences)
+    merged.prompt_cache = layers
+    return merged

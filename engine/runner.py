@@ -30,7 +30,7 @@ from engine.mlx_boundary import (
     greedy_sampler,
     make_prompt_cache,
 )
-from engine.prefill import prefill_width, prompt_lazily
+from engine.prefill import join_batches, prefill_width, prompt_lazily
 from engine.prefix_cache import PrefixCache
 from engine.row_guard import RowFaults, fenced_processor, fenced_sampler
 from engine.sampling import make_row_processors, make_row_sampler
@@ -320,9 +320,7 @@ class BatchRunner:
 
     def _join(self, finals: list[tuple[PromptProcessingBatch, list[int]]]) -> None:
         """Last prompt chunks of several sequences in one forward; then they join decoding."""
-        merged = finals[0][0]
-        for batch, _ in finals[1:]:
-            merged.extend(batch)
+        merged = join_batches([batch for batch, _ in finals])
         prompts = [list(self._requests[self._seq_of[uid]].prompt_tokens) for uid in merged.uids]
         seq_ids = [self._seq_of[uid] for uid in merged.uids]
         tails = [tokens for _, tokens in finals]

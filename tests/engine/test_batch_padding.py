@@ -13,7 +13,7 @@ import mlx.core as mx
 import pytest
 
 import engine.batch_padding as batch_padding
-from engine.batch_padding import host_padding
+from engine.batch_padding import concat_rows, host_padding
 from engine.mlx_boundary import BatchKVCache, KVCache
 
 H, D = 2, 4
@@ -89,3 +89,33 @@ def test_a_cache_whose_padding_was_replaced_reads_it_back_as_mlx_lm_does() -> No
     batch.filter([0, 1])  # mlx-lm's own filter: reads it back, slices the shared 1 off
     assert checked(batch) == [0, 1]
     assert batch._idx == 3
+
+
+def one_row_batch(n: int, seed: int) -> BatchKVCache:
+    """A row as admitted: its cached prefix (n positions, none when 0) in a batch of one."""
+    return BatchKVCache.merge([row(n, seed) if n else KVCache()])
+
+
+@pytest.mark.parametrize("lengths", [(0, 0, 0), (3, 0, 7, 1), (300, 2, 40)])
+def test_joining_rows_concatenated_at_once_are_what_extending_one_by_one_makes(lengths: tuple[int, ...]) -> None:
+    one_by_one = one_row_batch(lengths[0], 0)
+    for i, n in enumerate(lengths[1:], 1):
+        one_by_one.extend(one_row_batch(n, i))
+    at_once = concat_rows([one_row_batch(n, i) for i, n in enumerate(lengths)])
+    assert at_once is not None
+    assert at_once._idx == one_by_one._idx
+    assert checked(at_once) == checked(one_by_one)
+    assert at_once.offset.tolist() == one_by_one.offset.tolist()
+    if one_by_one.keys is None:
+        assert at_once.keys is None
+        return
+    assert at_once.keys is not None and at_once.values is not None and one_by_one.values is not None
+    n = one_by_one._idx
+    assert mx.array_equal(at_once.keys[..., :n, :], one_by_one.keys[..., :n, :]).item()
+    assert mx.array_equal(at_once.values[..., :n, :], one_by_one.values[..., :n, :]).item()
+
+
+def test_caches_it_cannot_concatenate_are_left_to_mlx_lm() -> None:
+    odd = one_row_batch(2, 1)
+    odd.left_padding = mx.array([0])  # padding no longer known here
+    assert concat_rows([one_row_batch(3, 0), odd]) is None
