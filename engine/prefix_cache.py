@@ -1,7 +1,9 @@
 """Reusing the KV of shared prompt prefixes across requests.
 
-A byte- and count-capped LRU of finished rows' KV, keyed by the tokens it holds; a new request
-starts from the longest prefix of its prompt that an entry holds. The store is keyed by model
+A byte- and count-capped store of finished rows' KV, keyed by the tokens it holds, evicting the
+least recently stored (as mlx-lm's LRUPromptCache: a lookup does not count as a use, so the ranks
+of a sharded group, which look up only what they admit, evict alike); a new request starts from
+the longest prefix of its prompt that an entry holds. The store is keyed by model
 and adapter (one store per engine), so entries never cross them.
 
 A hit costs little where it pays least: on an accelerator the prefill of a few dozen tokens is
@@ -99,7 +101,6 @@ class PrefixCache:
                 best, n = entry, m
         if best is None or n < self.min_hit:
             return None, 0
-        self._entries.move_to_end(best.tokens)
         self.stats.hits += 1
         self.stats.cached_tokens += n
         return _prefix_of(best, n), n

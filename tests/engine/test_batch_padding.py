@@ -12,7 +12,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-import engine.batch_padding as batch_padding
+from engine import batch_padding
 from engine.batch_padding import concat_rows, host_padding
 from engine.mlx_boundary import BatchKVCache, KVCache
 

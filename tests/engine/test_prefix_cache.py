@@ -59,19 +59,19 @@ def test_a_hit_is_the_entrys_first_positions_and_writing_past_them_leaves_the_en
         assert c.keys is not None and mx.array_equal(c.keys, before).item()
 
 
-def test_caps_evict_the_least_recently_used_and_a_longer_entry_replaces_its_prefixes() -> None:
+def test_caps_evict_the_least_recently_stored_and_a_longer_entry_replaces_its_prefixes() -> None:
     per_entry = sum(c.nbytes for c in layers(4, 0))
     cache = PrefixCache("m", max_entries=3, max_bytes=1 << 30)
     for i in range(3):
         cache.store([100 * i + t for t in range(4)], layers(4, i))
-    cache.lookup((0, 1, 2, 3))  # entry 0 used: entry 100 is now the least recent
+    cache.lookup((0, 1, 2, 3))  # a lookup is not a use (ranks of a sharded group evict alike)
     cache.store([300, 301, 302, 303], layers(4, 3))
-    assert len(cache) == 3 and cache.lookup((100, 101, 102, 103)) == (None, 0)
-    assert cache.lookup((0, 1, 2, 3))[1] == 3
+    assert len(cache) == 3 and cache.lookup((0, 1, 2, 3, 9)) == (None, 0)
+    assert cache.lookup((100, 101, 102, 103))[1] == 3
     assert cache.nbytes == 3 * per_entry
 
-    cache.store([0, 1, 2, 3, 4, 5, 6, 7], layers(8, 4))  # extends entry 0, which goes
-    assert len(cache) == 3 and cache.lookup((0, 1, 2, 3, 4, 5, 6, 7, 8))[1] == 8
+    cache.store([100, 101, 102, 103, 104, 105, 106, 107], layers(8, 4))  # extends entry 100, which goes
+    assert len(cache) == 3 and cache.lookup((100, 101, 102, 103, 104, 105, 106, 107, 108))[1] == 8
 
     small = PrefixCache("m", max_entries=10, max_bytes=2 * per_entry)
     for i in range(3):
