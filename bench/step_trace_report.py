@@ -50,10 +50,10 @@ def main() -> None:
     p.add_argument("dir")
     p.add_argument("--min-steps", type=int, default=100)
     args = p.parse_args()
-    for f in sorted(Path(args.dir).glob("steps-*.json")):
-        data = json.loads(f.read_text())
-        print(f"{f.name} (phases {'synchronized' if data['sync'] else 'as they run, pipelined'})")
-        for i, part in enumerate(stretches(data["steps"])):
+    for f in sorted(Path(args.dir).glob("steps-*.jsonl")):
+        head, *lines = f.read_text().splitlines()
+        print(f"{f.name} (phases {'synchronized' if json.loads(head)['sync'] else 'as they run, pipelined'})")
+        for i, part in enumerate(stretches([json.loads(line) for line in lines])):
             if len(part) < args.min_steps:
                 continue
             wall = part[-1]["t"] + part[-1]["wall"] - part[0]["t"]

@@ -4,9 +4,11 @@
 
 Python imports this module at start-up in every process; in the engine's (multiprocessing spawns
 it with the server's environment), with STEP_TRACE_DIR set, it wraps the
-engine's step and the calls inside it, and every 50 steps writes the engine process's steps so
-far to STEP_TRACE_DIR/steps-<pid>.json: per step its start, wall time, decoding rows, rows that
-joined, and the wall time of each phase (mlx-lm's batch calls, the prefix cache, MLX's evals).
+engine's step and the calls inside it, and every 50 steps appends those steps to
+STEP_TRACE_DIR/steps-<pid>.jsonl (a first line says whether phases are synchronized, then one line
+a step): per step its start, wall time, decoding rows, rows that joined, and the wall time of each
+phase (mlx-lm's batch calls, the prefix cache, MLX's evals). Only the new steps are written, so
+the tracer's own cost per step stays small and constant (it lands in the next step's "gap").
 With STEP_TRACE_SYNC=1 the phases also wait for the accelerator (mx.synchronize) at their end,
 so a phase's time is its accelerator time too: pipelining is lost, the split is what it shows.
 bench/step_trace_report.py summarizes the files.
@@ -42,7 +44,9 @@ def _install(out_dir: str) -> None:
     steps: list[dict[str, Any]] = []
     last_end = [0.0]
     joined = [0]
-    path = os.path.join(out_dir, f"steps-{os.getpid()}.json")
+    path = os.path.join(out_dir, f"steps-{os.getpid()}.jsonl")
+    with open(path, "w") as f:
+        f.write(json.dumps({"sync": sync}) + "\n")
 
     def wrap(owner: Any, name: str, label: str, synced: bool = False) -> None:
         inner = getattr(owner, name)
@@ -107,10 +111,10 @@ def _install(out_dir: str) -> None:
             }
         )
         last_end[0] = t1
-        if len(steps) % 50 == 0:
-            with open(path + ".tmp", "w") as f:
-                json.dump({"sync": sync, "steps": steps}, f)
-            os.replace(path + ".tmp", path)
+        if len(steps) == 50:
+            with open(path, "a") as f:
+                f.write("".join(json.dumps(s) + "\n" for s in steps))
+            steps.clear()
 
     core_module.Core._step = traced  # type: ignore[method-assign]
 
