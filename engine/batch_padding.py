@@ -51,8 +51,16 @@ def concat_rows(caches: list[BatchKVCache]) -> BatchKVCache | None:
     others in turn makes (mlx-lm's `extend`: rows right-justified to the longest write
     position), with one concatenation instead of one per cache, which re-pads the growing batch
     every time. None where a cache is not a plain BatchKVCache with its padding known here."""
+    if any(type(c) is not BatchKVCache for c in caches):
+        return None
+    return _concat(caches)
+
+
+def _concat(caches: list[BatchKVCache]) -> BatchKVCache | None:
+    """concat_rows for any batch KV caches (a subclass's own state is its to extend), into the
+    first; None, leaving them untouched, where a cache's padding is not known here."""
     known = [host_padding(c) for c in caches]
-    if any(type(c) is not BatchKVCache for c in caches) or any(k is None for k in known):
+    if any(k is None for k in known):
         return None
     pads = cast("list[list[int]]", known)
     out = caches[0]
@@ -95,14 +103,14 @@ def concat_rows(caches: list[BatchKVCache]) -> BatchKVCache | None:
 
 
 # mlx-lm's own methods, by name: the ones that read the padding back are called only where the
-# host copy is not known
+# host copy is not known (and its extend, which concat_rows does for two caches)
 MLX: dict[str, Any] = {}
 
 
 def _install() -> None:
     mlx_init, mlx_prepare = BatchKVCache.__init__, BatchKVCache.prepare  # type: ignore[attr-defined]
     mlx_finalize, mlx_extend = BatchKVCache.finalize, BatchKVCache.extend  # type: ignore[attr-defined]
-    MLX.update(filter=BatchKVCache.filter, extract=BatchKVCache.extract)
+    MLX.update(filter=BatchKVCache.filter, extract=BatchKVCache.extract, extend=mlx_extend)
 
     def __init__(self: BatchKVCache, left_padding: list[int]) -> None:
         mlx_init(self, left_padding)
@@ -128,17 +136,8 @@ def _install() -> None:
             _pair(self, [p + r for p, r in zip(known, right)])
 
     def extend(self: BatchKVCache, other: BatchKVCache) -> None:
-        mine, theirs = host_padding(self), host_padding(other)
-        empty = self.keys is None and other.keys is None
-        idx, other_idx = self._idx, other._idx
-        mlx_extend(self, other)
-        if mine is None or theirs is None:
-            return
-        if empty:
-            _pair(self, mine + theirs)
-        else:
-            top = max(idx, other_idx)
-            _pair(self, [p + top - idx for p in mine] + [p + top - other_idx for p in theirs])
+        if _concat([self, other]) is None:  # a padding not known here: mlx-lm's, unpaired
+            mlx_extend(self, other)
 
     def filter_rows(self: BatchKVCache, batch_indices: list[int]) -> None:
         known = host_padding(self)

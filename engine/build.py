@@ -121,7 +121,7 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
 
         def make(loaded: LoadedModel, counters: Counters) -> Core:
             draft = load_draft(loaded, settings.draft_spec) if settings.draft_spec is not None else None
-            return make_core(loaded, counters, settings, specs[0].adapter_path, draft)
+            return make_core(loaded, counters, settings, draft)
 
         return ThreadEngine(load, make, capacity=settings.capacity, waiting=settings.max_waiting)
 
@@ -170,7 +170,6 @@ def make_core(
     loaded: LoadedModel,
     counters: Counters,
     settings: EngineSettings,
-    adapter_path: str | None = None,
     draft: LoadedModel | None = None,
     shard: MemoryAgreement | None = None,
 ) -> Core:
@@ -199,7 +198,6 @@ def make_core(
     prefix_bytes = settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES
     prefix = (  # --prompt-cache-size 0: no prefix cache at all (no copy of a finished row's KV)
         PrefixCache(
-            f"{loaded.model_id}|{adapter_path or ''}",
             max_entries=settings.prompt_cache_size,
             max_bytes=shard.prefix_bytes(prefix_bytes) if shard is not None else prefix_bytes,
             min_hit=gpu_min_hit(mx.default_device().type == mx.DeviceType.gpu),
@@ -264,7 +262,7 @@ def load_and_build(
         if settings.draft_spec is not None
         else None
     )
-    core = make_core(loaded, counters, settings, spec.adapter_path, draft)
+    core = make_core(loaded, counters, settings, draft)
     return core, {"model_id": loaded.model_id, "memory_plan": core.memory_plan}
 
 

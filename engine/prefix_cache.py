@@ -65,10 +65,9 @@ def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 class PrefixCache:
-    """Only the engine's owner thread touches it."""
+    """One per engine (one model and adapter). Only the engine's owner thread touches it."""
 
-    def __init__(self, model_key: str, *, max_entries: int, max_bytes: int, min_hit: int = 1) -> None:
-        self.model_key = model_key
+    def __init__(self, *, max_entries: int, max_bytes: int, min_hit: int = 1) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.min_hit = max(1, min_hit)  # a shorter common prefix is computed again (see gpu_min_hit)

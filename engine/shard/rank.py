@@ -43,7 +43,7 @@ def start_rank(counters: Counters, spec: ModelSpec, settings: EngineSettings) ->
     mx.random.seed(seed)
     loaded = load_shard(spec, mode, group)
     print(describe(loaded), flush=True)
-    core = make_core(loaded, counters, settings, spec.adapter_path, None, shard=MemoryAgreement(group))
+    core = make_core(loaded, counters, settings, None, shard=MemoryAgreement(group))
     return core, Channel(group)
 
 

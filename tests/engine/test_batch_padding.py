@@ -98,13 +98,21 @@ def one_row_batch(n: int, seed: int) -> BatchKVCache:
 
 @pytest.mark.parametrize("lengths", [(0, 0, 0), (3, 0, 7, 1), (300, 2, 40)])
 def test_joining_rows_concatenated_at_once_are_what_extending_one_by_one_makes(lengths: tuple[int, ...]) -> None:
-    one_by_one = one_row_batch(lengths[0], 0)
+    """Against mlx-lm's own extend (the patched one is concat_rows for two caches), and the
+    patched extend, one by one, makes the same with the padding kept on the host."""
+    one_by_one, patched = one_row_batch(lengths[0], 0), one_row_batch(lengths[0], 0)
     for i, n in enumerate(lengths[1:], 1):
-        one_by_one.extend(one_row_batch(n, i))
+        batch_padding.MLX["extend"](one_by_one, one_row_batch(n, i))
+        patched.extend(one_row_batch(n, i))
     at_once = concat_rows([one_row_batch(n, i) for i, n in enumerate(lengths)])
     assert at_once is not None
-    assert at_once._idx == one_by_one._idx
-    assert checked(at_once) == checked(one_by_one)
+    assert at_once._idx == one_by_one._idx == patched._idx
+    assert checked(at_once) == one_by_one.left_padding.tolist() == checked(patched)
+    assert patched.offset.tolist() == one_by_one.offset.tolist()
+    if patched.keys is not None:
+        assert one_by_one.keys is not None and patched.values is not None and one_by_one.values is not None
+        assert mx.array_equal(patched.keys, one_by_one.keys).item()
+        assert mx.array_equal(patched.values, one_by_one.values).item()
     assert at_once.offset.tolist() == one_by_one.offset.tolist()
     if one_by_one.keys is None:
         assert at_once.keys is None

@@ -29,7 +29,7 @@ def test_common_prefix() -> None:
 
 
 def test_lookup_finds_the_longest_prefix_any_entry_holds_and_leaves_one_token() -> None:
-    cache = PrefixCache("m", max_entries=8, max_bytes=1 << 30)
+    cache = PrefixCache(max_entries=8, max_bytes=1 << 30)
     a, b = tuple(range(10)), (0, 1, 2, 3, 4, 5, 50, 51)
     cache.store(list(a), layers(10, 1))
     cache.store(list(b), layers(8, 2))
@@ -44,7 +44,7 @@ def test_lookup_finds_the_longest_prefix_any_entry_holds_and_leaves_one_token() 
 
 
 def test_a_hit_is_the_entrys_first_positions_and_writing_past_them_leaves_the_entry_alone() -> None:
-    cache = PrefixCache("m", max_entries=8, max_bytes=1 << 30)
+    cache = PrefixCache(max_entries=8, max_bytes=1 << 30)
     entry = layers(10, 3)
     saved = [mx.array(c.keys) for c in entry if c.keys is not None]
     cache.store(list(range(10)), entry)
@@ -61,7 +61,7 @@ def test_a_hit_is_the_entrys_first_positions_and_writing_past_them_leaves_the_en
 
 def test_caps_evict_the_least_recently_stored_and_a_longer_entry_replaces_its_prefixes() -> None:
     per_entry = sum(c.nbytes for c in layers(4, 0))
-    cache = PrefixCache("m", max_entries=3, max_bytes=1 << 30)
+    cache = PrefixCache(max_entries=3, max_bytes=1 << 30)
     for i in range(3):
         cache.store([100 * i + t for t in range(4)], layers(4, i))
     cache.lookup((0, 1, 2, 3))  # a lookup is not a use (ranks of a sharded group evict alike)
@@ -73,15 +73,15 @@ def test_caps_evict_the_least_recently_stored_and_a_longer_entry_replaces_its_pr
     cache.store([100, 101, 102, 103, 104, 105, 106, 107], layers(8, 4))  # extends entry 100, which goes
     assert len(cache) == 3 and cache.lookup((100, 101, 102, 103, 104, 105, 106, 107, 108))[1] == 8
 
-    small = PrefixCache("m", max_entries=10, max_bytes=2 * per_entry)
+    small = PrefixCache(max_entries=10, max_bytes=2 * per_entry)
     for i in range(3):
         small.store([100 * i + t for t in range(4)], layers(4, i))
     assert len(small) == 2 and small.nbytes == 2 * per_entry
-    assert PrefixCache("m", max_entries=0, max_bytes=1 << 30).lookup((1, 2)) == (None, 0)
+    assert PrefixCache(max_entries=0, max_bytes=1 << 30).lookup((1, 2)) == (None, 0)
 
 
 def test_an_entry_that_cannot_be_trimmed_serves_only_as_a_whole() -> None:
-    cache = PrefixCache("m", max_entries=4, max_bytes=1 << 30)
+    cache = PrefixCache(max_entries=4, max_bytes=1 << 30)
     rotating = []
     for _ in range(LAYERS):
         c = RotatingKVCache(max_size=4)
@@ -94,7 +94,7 @@ def test_an_entry_that_cannot_be_trimmed_serves_only_as_a_whole() -> None:
 
 
 def test_a_prefix_shorter_than_the_minimum_hit_is_computed_again() -> None:
-    cache = PrefixCache("m", max_entries=4, max_bytes=1 << 30, min_hit=6)
+    cache = PrefixCache(max_entries=4, max_bytes=1 << 30, min_hit=6)
     cache.store(list(range(10)), layers(10, 5))
     assert cache.lookup((0, 1, 2, 3, 4, 99)) == (None, 0)  # 5 tokens in common
     assert cache.lookup((0, 1, 2, 3, 4, 5, 99))[1] == 6

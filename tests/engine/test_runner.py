@@ -126,7 +126,7 @@ def test_runner_a_lone_row_steps_on_plain_caches_and_rows_joining_it_keep_mlx_lm
     eos = set(tokenizer.eos_token_ids)
     a = Request("a", prompt_ids(tokenizer, QUESTIONS[4]), SamplingParams(), 28)
     b = Request("b", prompt_ids(tokenizer, QUESTIONS[3]), SamplingParams(), 6)
-    prefix = PrefixCache("smollm|", max_entries=4, max_bytes=1 << 30)
+    prefix = PrefixCache(max_entries=4, max_bytes=1 << 30)
     runner = BatchRunner(model, prefix_cache=prefix)
     sched = Scheduler(SchedulerConfig(), frozenset(eos))
     seen: list[tuple[int, bool]] = []
@@ -168,7 +168,7 @@ def test_runner_seeded_sampling_same_alone_or_batched(smollm: tuple[Any, Any]) -
 def test_runner_prefix_cache_second_turn_skips_prefill_and_keeps_output(smollm: tuple[Any, Any]) -> None:
     model, tokenizer = smollm
     eos = frozenset(tokenizer.eos_token_ids)
-    prefix = PrefixCache("smollm|", max_entries=4, max_bytes=1 << 30)
+    prefix = PrefixCache(max_entries=4, max_bytes=1 << 30)
     runner = BatchRunner(model, prefix_cache=prefix)
     first = Request("a", prompt_ids(tokenizer, QUESTIONS[2]), SamplingParams(), 12)
     sched = Scheduler(SchedulerConfig(), eos)
@@ -188,7 +188,7 @@ def test_runner_a_row_that_leaves_mid_prefill_leaves_its_chunks_for_the_same_pro
     # machine a long prompt's prefill then started over each time, forever.
     model, tokenizer = smollm
     eos = frozenset(tokenizer.eos_token_ids)
-    prefix = PrefixCache("smollm|", max_entries=4, max_bytes=1 << 30)
+    prefix = PrefixCache(max_entries=4, max_bytes=1 << 30)
     runner = BatchRunner(model, prefill_step_size=16, prefix_cache=prefix)
     prompt = prompt_ids(tokenizer, " ".join(QUESTIONS))
     assert len(prompt) > 64
