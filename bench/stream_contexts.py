@@ -1,0 +1,206 @@
+"""Which context one stream's decode loses its speed in (issue 19 item 1).
+
+    python -m bench.stream_contexts --model DIR [--tokens 256] [--rounds 5] [--mlx-serve-args '...']
+
+The same greedy request (one prompt, `--tokens` new tokens) in six contexts, each once per round,
+back to back, so a drifting host moves them all alike:
+
+  direct here        mlx-lm's stream_generate in this process
+  core here          our whole engine core (scheduler, runner, detokenizer, events) in this process
+  direct worker      stream_generate in a second, spawned process (a model of its own)
+  core worker        our core in that worker
+  served core        in that worker, the core the server builds (engine.build.make_core), kept
+  served process     mlx-serve over HTTP, engine in its child process (the default)
+  served lazy        the same server, a client that reads only once the engine is done
+  served thread      mlx-serve over HTTP, `--engine thread`
+  served plain       mlx-serve with `--no-warmup --prompt-cache-size 0`
+
+For the served ones both clocks are printed: the client's (first chunk to last) and the engine's
+(its --trace: first token to finish). Ratios are per round to `direct here`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from mlx_lm.generate import stream_generate
+
+from bench.servers import ServerSpec, server_cwd, start_server, stop_server, wait_healthy
+from bench.single_stream import MESSAGES, rate
+from bench.speculation import load_as_served
+
+
+def bare_core(model: Any, tokenizer: Any) -> Any:
+    """Scheduler, runner and core with their defaults: no prefix cache, no warm-up."""
+    from engine.core import Core
+    from engine.runner import BatchRunner
+    from engine.scheduler import Scheduler, SchedulerConfig
+    from engine.types import Counters
+
+    return Core(Scheduler(SchedulerConfig(), frozenset()), BatchRunner(model), tokenizer, Counters())
+
+
+def served_core(model: Any, tokenizer: Any, path: str) -> Any:
+    """The core the server's engine builds (engine.build.make_core, default settings: memory
+    plan, prefix cache, prefill ladder, warm-up before ready; its idle work is dropped)."""
+    from engine.build import EngineSettings, make_core
+    from engine.loader import LoadedModel
+    from engine.types import Counters
+
+    core = make_core(LoadedModel(model, tokenizer, "m", Path(path)), Counters(), EngineSettings())
+    core.idle_work = None
+    return core
+
+
+def core_rate(core: Any, prompt: list[int], n: int) -> float:
+    """One request through `core.serve`, timed from its first text event to its last."""
+    import queue
+
+    from engine.core import Ticket
+    from engine.types import Request, SamplingParams, TextDelta
+
+    times: list[float] = []
+
+    def emit(ev: Any) -> None:
+        if isinstance(ev, TextDelta):
+            times.append(time.perf_counter())
+
+    inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
+    inbox.put(Ticket(Request(f"r{time.monotonic_ns()}", tuple(prompt), SamplingParams(), n), emit))
+    done = len(times)
+
+    def flush() -> None:
+        nonlocal done
+        if not core.scheduler.has_work and len(times) > done:
+            inbox.put(None)
+            done = len(times)
+
+    core.serve(inbox, flush)
+    return rate(times)
+
+
+def direct_rate(model: Any, tokenizer: Any, prompt: list[int], n: int) -> float:
+    return rate([time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)])
+
+
+def worker(conn: Any, path: str) -> None:
+    model, tokenizer = load_as_served(path)
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    as_served = served_core(model, tokenizer, path)
+    conn.send("ready")
+    while (ask := conn.recv()) is not None:
+        what, n = ask
+        if what == "direct":
+            conn.send(direct_rate(model, tokenizer, prompt, n))
+        else:
+            conn.send(core_rate(as_served if what == "served core" else bare_core(model, tokenizer), prompt, n))
+
+
+async def served_once(client: httpx.AsyncClient, n: int, lazy_s: float = 0.0) -> float:
+    """The client's decode rate; `lazy_s`: read nothing for that long first (the stream waits in
+    the socket buffers, so the client does no work while the engine decodes: the engine's clock
+    is then the measure)."""
+    body = {"model": "default_model", "messages": MESSAGES, "max_tokens": n, "temperature": 0, "stream": True}
+    times: list[float] = []
+    async with client.stream("POST", "/v1/chat/completions", content=orjson.dumps(body),
+                             headers={"content-type": "application/json"}) as r:
+        if lazy_s:
+            await asyncio.sleep(lazy_s)
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                times.append(time.perf_counter())
+    return rate(times)
+
+
+async def main(args: argparse.Namespace) -> None:
+    model, tokenizer = load_as_served(args.model)
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=worker, args=(there, args.model), daemon=True)
+    proc.start()
+    assert here.recv() == "ready"
+
+    def in_worker(what: str) -> float:
+        here.send((what, args.tokens))
+        return float(here.recv())
+
+    log_dir = Path(tempfile.mkdtemp(prefix="stream-contexts-"))
+    extra = args.mlx_serve_args.split()
+    servers, clients, traces = {}, {}, {}
+    try:
+        for name, flags in (("served process", []), ("served thread", ["--engine", "thread"]),
+                            ("served plain", ["--no-warmup", "--prompt-cache-size", "0"])):
+            tag = name.split()[1]
+            traces[name] = log_dir / f"{tag}.jsonl"
+            spec = ServerSpec("mlx-serve", Path(args.model), [*flags, "--trace", str(traces[name]), *extra],
+                              dict(os.environ), server_cwd("mlx-serve", log_dir))
+            servers[name] = start_server(spec, log_dir / f"{tag}.log")
+            await wait_healthy(servers[name], 900)
+            clients[name] = httpx.AsyncClient(base_url=servers[name].base_url, timeout=900)
+        local = {
+            "direct here": lambda: direct_rate(model, tokenizer, prompt, args.tokens),
+            "core here": lambda: core_rate(bare_core(model, tokenizer), prompt, args.tokens),
+            "direct worker": lambda: in_worker("direct"),
+            "core worker": lambda: in_worker("core"),
+            "served core": lambda: in_worker("served core"),
+        }
+        names = [*local, "served process", "served lazy", "served thread", "served plain"]
+        rates: dict[str, list[float]] = {k: [] for k in names}
+        order: list[str] = []  # which server each traced request went to
+        for r in range(args.rounds + 2):  # two warm-up rounds
+            for name in names:
+                if name in local:
+                    got = local[name]()
+                elif name == "served lazy":  # twice the time the last served request took
+                    last = rates["served process"][-1] if rates["served process"] else 100.0
+                    got = await served_once(clients["served process"], args.tokens, 2 * args.tokens / last)
+                else:
+                    got = await served_once(clients[name], args.tokens)
+                if r >= 2:
+                    rates[name].append(got)
+                    order.append(name)
+    finally:
+        for c in clients.values():
+            await c.aclose()
+        for s in servers.values():
+            stop_server(s)
+        here.send(None)
+        proc.join(30)
+    print(f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved  extra args {extra}")
+    for name, rs in rates.items():
+        ratios = [x / d for x, d in zip(rs, rates["direct here"], strict=True)]
+        line = (f"  {name:<15} {statistics.median(rs):7.1f} tok/s [{min(rs):.1f}-{max(rs):.1f}]"
+                f"  {statistics.median(ratios):.3f}x [{min(ratios):.3f}-{max(ratios):.3f}]")
+        if name.startswith("served ") and name != "served core":
+            eng = engine_clock(traces, order, name, args.tokens)
+            line += f"  engine clock {statistics.median(eng):.1f} tok/s"
+        print(line, flush=True)
+
+
+def engine_clock(traces: dict[str, Path], order: list[str], name: str, n: int) -> list[float]:
+    """Decode rates by the engine's --trace clock of the timed requests `name` sent."""
+    server = "served process" if name == "served lazy" else name
+    sent = [x for x in order if x in (server, "served lazy" if server == "served process" else "")]
+    lines = [orjson.loads(x) for x in traces[server].read_text().splitlines()][-len(sent):]
+    return [(n - 1) / (e["finished"] - e["first_token"])
+            for who, e in zip(sent, (x["engine_s"][0] for x in lines), strict=True) if who == name]
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--mlx-serve-args", default="", help="extra mlx-serve flags for both servers")
+    asyncio.run(main(p.parse_args()))
