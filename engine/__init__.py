@@ -38,9 +38,10 @@ SWITCH_INTERVAL_S = 0.0005
 def prompt_thread_switches() -> None:
     """Let a thread that wakes from I/O have the GIL within SWITCH_INTERVAL_S, not Python's 5 ms.
 
-    Each process has a busy thread and a thread that mostly waits on a pipe: in the engine
-    process the owner thread steps the batch while a reader takes requests off the pipe; in the
-    server the event loop serves while a reader takes the engine's events. A waking reader gets
+    Each process has a busy thread and threads that mostly wait: in the engine process the
+    owner thread steps the batch while a reader takes requests off the pipe; in the server the
+    event loop serves while worker threads parse and template big requests (the engine's events
+    need no thread: the loop reads them, engine.frames). A waking thread gets
     the GIL only when the busy thread drops it — at once when that thread waits on the
     accelerator or the network, else after the switch interval — and receiving one message
     takes it two or three times (length, body, the loop's wake-up), so at 5 ms each message in

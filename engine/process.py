@@ -23,6 +23,7 @@ from engine.build import LOG_FORMAT
 from engine.client import EngineClient, EngineState, RequestStream
 from engine.core import Ticket
 from engine.errors import EngineFailed, ServeError
+from engine.frames import FrameReader, FrameWriter
 from engine.tokenizer import spelling_span
 from engine.types import Counters, Event, Finished, Request
 
@@ -80,9 +81,10 @@ class ChildPlan:
 @dataclass(slots=True)
 class _Child:
     process: Any
-    conn: Any
+    conn: Any  # requests go out with conn.send; the child's messages come in through `reader`
     pid: int = 0
     streams: dict[str, RequestStream] = field(default_factory=dict)
+    reader: FrameReader | None = None
 
 
 class ProcessEngine(EngineClient):
@@ -165,14 +167,16 @@ class ProcessEngine(EngineClient):
         )
         proc.start()
         child.close()
-        self._child = _Child(proc, parent)
-        threading.Thread(target=self._read, args=(self._child,), name="engine-reader", daemon=True).start()
+        self._child = _Child(proc, parent, reader=FrameReader(parent.fileno()))
+        assert self._loop is not None and self._child.reader is not None
+        self._loop.add_reader(self._child.reader.fileno(), self._readable, self._child)
 
     def stop(self) -> None:
         self._stopping = True
         child, self._child = self._child, None
         self.state = EngineState.STOPPED
         if child is not None:
+            self._stop_reading(child)
             child.process.terminate()
             child.process.join(5)
 
@@ -209,19 +213,29 @@ class ProcessEngine(EngineClient):
         try:
             child.conn.send(message)
         except (OSError, ValueError):
-            pass  # the reader thread notices the death and fails the requests
+            pass  # the loop reads the end of the pipe (_readable) and fails the requests
 
-    # -- the reader thread and what it hands to the loop -------------------------------
+    # -- the child's messages, read on the loop (engine.frames) ------------------------
 
-    def _read(self, child: _Child) -> None:
-        assert self._loop is not None
-        while True:
-            try:
-                message = child.conn.recv()
-            except (EOFError, OSError):
-                break
-            if not self._hand_over(self._on_message, child, message):
-                return
+    def _readable(self, child: _Child) -> None:
+        reader = child.reader
+        if reader is None:
+            return
+        for message in reader.read():
+            self._on_message(child, message)
+        if reader.closed:  # the child is gone: wait for its exit code off the loop
+            self._stop_reading(child)
+            threading.Thread(target=self._reap, args=(child,), name="engine-reap", daemon=True).start()
+
+    def _stop_reading(self, child: _Child) -> None:
+        reader, child.reader = child.reader, None
+        if reader is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(reader.fileno())
+        reader.close()
+
+    def _reap(self, child: _Child) -> None:
         child.process.join(5)
         self._hand_over(self._on_death, child, child.process.exitcode)
 
@@ -289,16 +303,12 @@ def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...], log_level: i
         core, info = build(counters, *build_args)
     except Exception as exc:
         logging.getLogger("mlx_serve.engine").debug("load failed", exc_info=True)
-        conn.send(LoadFailed(f"cannot load the model: {type(exc).__name__}: {exc}"))
+        FrameWriter(conn.fileno()).send(LoadFailed(f"cannot load the model: {type(exc).__name__}: {exc}"))
         return
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
     outbox: list[tuple[str, Event | ServeError]] = []
-    lock = threading.Lock()
     tickets: dict[str, Ticket] = {}
-
-    def send(message: Any) -> None:
-        with lock:
-            conn.send(message)
+    send = FrameWriter(conn.fileno()).send
 
     def flush() -> None:
         if outbox:
