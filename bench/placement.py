@@ -34,7 +34,7 @@ import orjson
 from mlx_lm.generate import stream_generate
 
 from bench.servers import ServerSpec, server_cwd, start_server, stop_server
-from bench.single_stream import MESSAGES, rate
+from bench.single_stream import MESSAGES, rate, rate_line
 from bench.speculation import load_as_served
 
 
@@ -59,7 +59,7 @@ def pin(pid: int, cpus: set[int]) -> None:
 
 
 def children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-P", str(pid)], check=False, capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
 
 
@@ -180,9 +180,7 @@ def main(args: argparse.Namespace) -> None:
         engine_rates[name].append((args.tokens - 1) / (e["finished"] - e["first_token"]))
     print(f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved")
     for name, rs in rates.items():
-        ratios = [r / d for r, d in zip(rs, rates["direct"], strict=True)]
-        line = (f"  {name:<16} {statistics.median(rs):7.1f} tok/s [{min(rs):.1f}-{max(rs):.1f}]"
-                f"  {statistics.median(ratios):.3f}x direct [{min(ratios):.3f}-{max(ratios):.3f}]")
+        line = rate_line(name, rs, rates["direct"], 16)
         if name in engine_rates:
             line += f"  engine clock {statistics.median(engine_rates[name]):.1f} tok/s"
         print(line, flush=True)

@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> None:
                     raise SystemExit("the server exited")
                 time.sleep(0.5)
             found = subprocess.run(["pgrep", "-P", str(server.pid), "-f", "spawn_main"],
-                                   capture_output=True, text=True).stdout.split()
+                                   check=False, capture_output=True, text=True).stdout.split()
             engine = int(found[0]) if found else None  # None: --engine thread
             body = {"model": "default_model", "messages": [{"role": "user", "content": "Write a long story."}],
                     "max_tokens": args.tokens, "temperature": 0, "stream": True}

@@ -93,11 +93,17 @@ async def main(args: argparse.Namespace) -> None:
                 rates[name].append(await over_http(client, args.tokens))
     print(f"device {mx.default_device()}  model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved")
     for name, rs in rates.items():
-        ratios = [r / d for r, d in zip(rs, rates["direct"], strict=True)]
-        line = f"  {name:<11} decode {statistics.median(rs):8.1f} tok/s [{min(rs):.1f}-{max(rs):.1f}]"
-        if name != "direct":
-            line += f"  {statistics.median(ratios):.3f}x direct [{min(ratios):.3f}-{max(ratios):.3f}]"
-        print(line, flush=True)
+        print(rate_line(name, rs, rates["direct"]), flush=True)
+
+
+def rate_line(name: str, rs: list[float], reference: list[float], width: int = 11) -> str:
+    """A contender's median decode rate [range] and, unless it is the reference, its ratio to the
+    reference round by round: median [range]."""
+    line = f"  {name:<{width}} decode {statistics.median(rs):8.1f} tok/s [{min(rs):.1f}-{max(rs):.1f}]"
+    if rs is not reference:
+        ratios = [r / d for r, d in zip(rs, reference, strict=True)]
+        line += f"  {statistics.median(ratios):.3f}x [{min(ratios):.3f}-{max(ratios):.3f}]"
+    return line
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import orjson
 from mlx_lm.generate import stream_generate
 
 from bench.servers import ServerSpec, server_cwd, start_server, stop_server, wait_healthy
-from bench.single_stream import MESSAGES, rate
+from bench.single_stream import MESSAGES, rate, rate_line
 from bench.speculation import load_as_served
 
 
@@ -179,9 +179,7 @@ async def main(args: argparse.Namespace) -> None:
         proc.join(30)
     print(f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved  extra args {extra}")
     for name, rs in rates.items():
-        ratios = [x / d for x, d in zip(rs, rates["direct here"], strict=True)]
-        line = (f"  {name:<15} {statistics.median(rs):7.1f} tok/s [{min(rs):.1f}-{max(rs):.1f}]"
-                f"  {statistics.median(ratios):.3f}x [{min(ratios):.3f}-{max(ratios):.3f}]")
+        line = rate_line(name, rs, rates["direct here"], 15)
         if name.startswith("served ") and name != "served core":
             eng = engine_clock(traces, order, name, args.tokens)
             line += f"  engine clock {statistics.median(eng):.1f} tok/s"
