@@ -221,11 +221,25 @@ class ProcessEngine(EngineClient):
         reader = child.reader
         if reader is None:
             return
-        for message in reader.read():
-            self._on_message(child, message)
-        if reader.closed:  # the child is gone: wait for its exit code off the loop
-            self._stop_reading(child)
-            threading.Thread(target=self._reap, args=(child,), name="engine-reap", daemon=True).start()
+        try:
+            messages = reader.read()
+        except Exception:  # a frame that does not decode: nothing after it can be trusted
+            log.exception("unreadable message from engine process %s; killing it", child.pid)
+            child.process.kill()  # then as if it died: its requests fail and a new child starts
+            self._gone(child)
+            return
+        for message in messages:
+            try:
+                self._on_message(child, message)
+            except Exception:  # one message's handling failing leaves the others theirs
+                log.exception("handling a message from the engine process failed")
+        if reader.closed:
+            self._gone(child)
+
+    def _gone(self, child: _Child) -> None:
+        """The child's end is closed: stop reading it and wait for its exit code off the loop."""
+        self._stop_reading(child)
+        threading.Thread(target=self._reap, args=(child,), name="engine-reap", daemon=True).start()
 
     def _stop_reading(self, child: _Child) -> None:
         reader, child.reader = child.reader, None

@@ -133,6 +133,36 @@ def test_process_engine_child_death_fails_inflight_then_restarts() -> None:
     assert restarts == 1 and second_pid not in (0, first_pid) and isinstance(again[-1], Finished)
 
 
+def test_process_engine_message_that_does_not_decode_fails_inflight_then_restarts() -> None:
+    """Never a hang: a frame from the child that does not unpickle ends that child like a death."""
+    from engine.frames import HEADER
+
+    async def go() -> tuple[BaseException | None, int, list[Any]]:
+        engine = engine_for(Script(step_s=0.05))
+        engine.start()
+        await engine.wait_ready()
+        try:
+            stream = engine.submit([request("r1", max_tokens=10_000)])
+            await stream.next()
+            child = engine._child
+            assert child is not None and child.reader is not None
+            child.reader._buf += HEADER.pack(4) + b"\xff\xfe\xfd\xfc"  # the next frame read is garbage
+            failure: BaseException | None = None
+            try:
+                await drain(stream)
+            except EngineFailed as exc:
+                failure = exc
+            await engine.wait_ready()
+            again = await drain(engine.submit([request("r2")]))
+            return failure, engine.restarts, again
+        finally:
+            engine.stop()
+
+    failure, restarts, again = run(go())
+    assert isinstance(failure, EngineFailed) and "engine process died" in str(failure)
+    assert restarts == 1 and isinstance(again[-1], Finished)
+
+
 @pytest.mark.parametrize("fatal", [False, True])
 def test_process_engine_load_failure_is_fatal(fatal: bool) -> None:
     told: list[str] = []
