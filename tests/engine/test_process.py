@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -107,7 +108,12 @@ def test_process_engine_cancel_frees_the_gate_and_the_child_row() -> None:
     assert inflight == 0 and stats["requests_aborted"] == 1
 
 
-def test_process_engine_child_death_fails_inflight_then_restarts() -> None:
+def break_mid_stream(
+    hurt: Callable[[ProcessEngine], None],
+) -> tuple[BaseException | None, int, int, int, list[Any]]:
+    """A request decoding when `hurt` strikes the child: what that request got, the child's pid
+    before and after, the restarts, and what a request after it gets."""
+
     async def go() -> tuple[BaseException | None, int, int, int, list[Any]]:
         engine = engine_for(Script(step_s=0.05))
         engine.start()
@@ -116,7 +122,7 @@ def test_process_engine_child_death_fails_inflight_then_restarts() -> None:
             stream = engine.submit([request("r1", max_tokens=10_000)])
             await stream.next()
             first_pid = engine.pid
-            os.kill(first_pid, signal.SIGKILL)
+            hurt(engine)
             failure: BaseException | None = None
             try:
                 await drain(stream)
@@ -128,7 +134,13 @@ def test_process_engine_child_death_fails_inflight_then_restarts() -> None:
         finally:
             engine.stop()
 
-    failure, first_pid, second_pid, restarts, again = run(go())
+    return cast("tuple[BaseException | None, int, int, int, list[Any]]", run(go()))
+
+
+def test_process_engine_child_death_fails_inflight_then_restarts() -> None:
+    failure, first_pid, second_pid, restarts, again = break_mid_stream(
+        lambda e: os.kill(e.pid, signal.SIGKILL)
+    )
     assert isinstance(failure, EngineFailed) and "engine process died" in str(failure)
     assert restarts == 1 and second_pid not in (0, first_pid) and isinstance(again[-1], Finished)
 
@@ -137,30 +149,14 @@ def test_process_engine_message_that_does_not_decode_fails_inflight_then_restart
     """Never a hang: a frame from the child that does not unpickle ends that child like a death."""
     from engine.frames import HEADER
 
-    async def go() -> tuple[BaseException | None, int, list[Any]]:
-        engine = engine_for(Script(step_s=0.05))
-        engine.start()
-        await engine.wait_ready()
-        try:
-            stream = engine.submit([request("r1", max_tokens=10_000)])
-            await stream.next()
-            child = engine._child
-            assert child is not None and child.reader is not None
-            child.reader._buf += HEADER.pack(4) + b"\xff\xfe\xfd\xfc"  # the next frame read is garbage
-            failure: BaseException | None = None
-            try:
-                await drain(stream)
-            except EngineFailed as exc:
-                failure = exc
-            await engine.wait_ready()
-            again = await drain(engine.submit([request("r2")]))
-            return failure, engine.restarts, again
-        finally:
-            engine.stop()
+    def garble(engine: ProcessEngine) -> None:
+        child = engine._child
+        assert child is not None and child.reader is not None
+        child.reader._buf += HEADER.pack(4) + b"\xff\xfe\xfd\xfc"  # the next frame read is garbage
 
-    failure, restarts, again = run(go())
+    failure, first_pid, second_pid, restarts, again = break_mid_stream(garble)
     assert isinstance(failure, EngineFailed) and "engine process died" in str(failure)
-    assert restarts == 1 and isinstance(again[-1], Finished)
+    assert restarts == 1 and second_pid not in (0, first_pid) and isinstance(again[-1], Finished)
 
 
 @pytest.mark.parametrize("fatal", [False, True])
