@@ -179,6 +179,7 @@ class ProcessEngine(EngineClient):
             self._stop_reading(child)
             child.process.terminate()
             child.process.join(5)
+            self._on_death(child, child.process.exitcode)  # any stream still open gets its error
 
     def _accepting(self) -> bool:
         return self.ready and self._child is not None

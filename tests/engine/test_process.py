@@ -159,6 +159,25 @@ def test_process_engine_message_that_does_not_decode_fails_inflight_then_restart
     assert restarts == 1 and second_pid not in (0, first_pid) and isinstance(again[-1], Finished)
 
 
+def test_process_engine_stopped_with_a_request_in_flight_fails_it() -> None:
+    """Shutdown never leaves a stream waiting for events that will not come."""
+
+    async def go() -> BaseException | None:
+        engine = engine_for(Script(step_s=0.05))
+        engine.start()
+        await engine.wait_ready()
+        stream = engine.submit([request("r1", max_tokens=10_000)])
+        await stream.next()
+        engine.stop()
+        try:
+            await drain(stream)
+        except EngineFailed as exc:
+            return exc
+        return None
+
+    assert isinstance(run(go()), EngineFailed)
+
+
 @pytest.mark.parametrize("fatal", [False, True])
 def test_process_engine_load_failure_is_fatal(fatal: bool) -> None:
     told: list[str] = []
