@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,8 +120,16 @@ def test_metrics_count_a_streamed_request(server: ServerProcess) -> None:
 def test_trace_and_log_line_per_request(server: ServerProcess, folder: Path) -> None:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=FILE_KEY, max_retries=0)
     r = client.completions.create(model="m", prompt="Once upon a time", max_tokens=4)
-    lines = [orjson.loads(x) for x in (folder / "trace.jsonl").read_bytes().splitlines()]
-    mine = [t for t in lines if t["id"] == r.id]
+    # The trace line and the log line are written as the server finishes with the request, which
+    # (its "end" phase) is after the response's last byte: the client may hold the whole response
+    # a moment before they exist.
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [orjson.loads(x) for x in (folder / "trace.jsonl").read_bytes().splitlines()]
+        mine = [t for t in lines if t["id"] == r.id]
+        if mine or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
     assert len(mine) == 1, lines[-3:]
     t = mine[0]
     assert t["route"] == "/v1/completions" and t["status"] == 200 and t["completion_tokens"] == 4
