@@ -1,6 +1,7 @@
 """Which context one stream's decode loses its speed in (issue 19 item 1).
 
     python -m bench.stream_contexts --model DIR [--tokens 256] [--rounds 5] [--mlx-serve-args '...']
+        [--contexts 'direct here,served process,...']
 
 The same greedy request (one prompt, `--tokens` new tokens) in six contexts, each once per round,
 back to back, so a drifting host moves them all alike:
@@ -16,13 +17,17 @@ back to back, so a drifting host moves them all alike:
   served plain       mlx-serve with `--no-warmup --prompt-cache-size 0`
 
 For the served ones both clocks are printed: the client's (first chunk to last) and the engine's
-(its --trace: first token to finish). Ratios are per round to `direct here`.
+(its --trace: first token to finish). Ratios are per round to `direct here`, bracketed: direct runs
+once more after the last round, and a round's reference is the mean of its direct run and the next
+round's, so a host that drifts within a round moves the reference with it. `--contexts` runs only
+the named ones (direct here always; only their servers start).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import multiprocessing as mp
 import os
 import statistics
@@ -125,11 +130,13 @@ async def served_once(client: httpx.AsyncClient, n: int, lazy_s: float = 0.0) ->
 async def main(args: argparse.Namespace) -> None:
     model, tokenizer = load_as_served(args.model)
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    chosen = ["direct here", *(c.strip() for c in args.contexts.split(",") if c.strip() != "direct here")]
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     proc = ctx.Process(target=worker, args=(there, args.model), daemon=True)
-    proc.start()
-    assert here.recv() == "ready"
+    if any(c in chosen for c in ("direct worker", "core worker", "served core")):
+        proc.start()
+        assert here.recv() == "ready"
 
     def in_worker(what: str) -> float:
         here.send((what, args.tokens))
@@ -141,6 +148,8 @@ async def main(args: argparse.Namespace) -> None:
     try:
         for name, flags in (("served process", []), ("served thread", ["--engine", "thread"]),
                             ("served plain", ["--no-warmup", "--prompt-cache-size", "0"])):
+            if name not in chosen and not (name == "served process" and "served lazy" in chosen):
+                continue
             tag = name.split()[1]
             traces[name] = log_dir / f"{tag}.jsonl"
             spec = ServerSpec("mlx-serve", Path(args.model), [*flags, "--trace", str(traces[name]), *extra],
@@ -155,7 +164,7 @@ async def main(args: argparse.Namespace) -> None:
             "core worker": lambda: in_worker("core"),
             "served core": lambda: in_worker("served core"),
         }
-        names = [*local, "served process", "served lazy", "served thread", "served plain"]
+        names = [n for n in (*local, "served process", "served lazy", "served thread", "served plain") if n in chosen]
         rates: dict[str, list[float]] = {k: [] for k in names}
         order: list[str] = []  # which server each traced request went to
         for r in range(args.rounds + 2):  # two warm-up rounds
@@ -163,23 +172,27 @@ async def main(args: argparse.Namespace) -> None:
                 if name in local:
                     got = local[name]()
                 elif name == "served lazy":  # twice the time the last served request took
-                    last = rates["served process"][-1] if rates["served process"] else 100.0
+                    last = rates.get("served process", [100.0])[-1] if rates.get("served process") else 100.0
                     got = await served_once(clients["served process"], args.tokens, 2 * args.tokens / last)
                 else:
                     got = await served_once(clients[name], args.tokens)
                 if r >= 2:
                     rates[name].append(got)
                     order.append(name)
+        closing = local["direct here"]()  # brackets the last round
     finally:
         for c in clients.values():
             await c.aclose()
         for s in servers.values():
             stop_server(s)
-        here.send(None)
-        proc.join(30)
+        if proc.is_alive():
+            here.send(None)
+            proc.join(30)
     print(f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved  extra args {extra}")
+    direct = [*rates["direct here"], closing]
+    bracket = [(a + b) / 2 for a, b in itertools.pairwise(direct)]
     for name, rs in rates.items():
-        line = rate_line(name, rs, rates["direct here"], 15)
+        line = rate_line(name, rs, rs if name == "direct here" else bracket, 15)
         if name.startswith("served ") and name != "served core":
             eng = engine_clock(traces, order, name, args.tokens)
             line += f"  engine clock {statistics.median(eng):.1f} tok/s"
@@ -201,4 +214,6 @@ if __name__ == "__main__":
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--mlx-serve-args", default="", help="extra mlx-serve flags for both servers")
+    p.add_argument("--contexts", default="direct here,core here,direct worker,core worker,served core,"
+                   "served process,served lazy,served thread,served plain", help="which contexts, comma-separated")
     asyncio.run(main(p.parse_args()))
