@@ -15,6 +15,7 @@ import asyncio
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from engine.admission import MemoryPlan, admit
@@ -78,29 +79,19 @@ class RequestStream:
     def __init__(
         self,
         requests: Sequence[Request],
-        loop: asyncio.AbstractEventLoop,
         on_cancel: Callable[[str], None] | None = None,
         on_close: Callable[[], None] | None = None,
         warnings: Sequence[str] = (),
     ) -> None:
         self._events: asyncio.Queue[tuple[int, Event | ServeError] | object] = asyncio.Queue()
-        put = self._events.put_nowait
-        self.tickets = [Ticket(r, self._emitter(loop, put, i)) for i, r in enumerate(requests)]
+        # a ticket's emit delivers on the loop's own thread (an engine host brings events there)
+        self.tickets = [Ticket(r, partial(self.push, r.id)) for r in requests]
         self.index_of = {r.id: i for i, r in enumerate(requests)}
         self._open = set(range(len(requests)))
         self._on_cancel = on_cancel
         self._on_close = on_close
         self.warnings = list(warnings)
         self.done = False
-
-    @staticmethod
-    def _emitter(
-        loop: asyncio.AbstractEventLoop, put: Callable[[Any], None], i: int
-    ) -> Callable[[Event | ServeError], None]:
-        def emit(ev: Event | ServeError) -> None:
-            loop.call_soon_threadsafe(put, (i, ev))
-
-        return emit
 
     @property
     def request(self) -> Request:
@@ -214,7 +205,6 @@ class EngineClient(abc.ABC):
         admitted, warnings = self.gate.admit(requests)
         stream = RequestStream(
             admitted,
-            asyncio.get_running_loop(),
             on_cancel=self._abort,
             on_close=lambda: self.gate.release(len(admitted)),
             warnings=warnings,

@@ -1,23 +1,28 @@
 """The engine on a thread of the server's process (`--engine thread`).
 
 All MLX work happens on one owner thread (engine.core.Core); the event loop only moves
-events. Events cross back with `call_soon_threadsafe` into a per-request asyncio queue.
+events. A step's events for every request wait in one outbox and cross back together, after the
+step, with a single `call_soon_threadsafe` (one wake-up of the loop a step, not one an event),
+into each request's asyncio queue.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 from engine.client import EngineClient, EngineState, RequestStream
 from engine.core import Core, Ticket
+from engine.errors import ServeError
 from engine.loader import LoadedModel
 from engine.tokenizer import spelling_span
-from engine.types import Counters
+from engine.types import Counters, Event
 
 log = logging.getLogger("mlx_serve.engine")
 
@@ -37,6 +42,8 @@ class ThreadEngine(EngineClient):
         self._make_core = make_core
         self._inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: list[tuple[Callable[[Event | ServeError], None], Event | ServeError]] = []
         self.counters = Counters()
 
     def start(self) -> None:
@@ -53,8 +60,19 @@ class ThreadEngine(EngineClient):
         return {"restarts": 0, **asdict(self.counters)}
 
     def _deliver(self, stream: RequestStream) -> None:
-        for ticket in stream.tickets:
-            self._inbox.put(ticket)
+        self._loop = asyncio.get_running_loop()
+        for ticket in stream.tickets:  # the same request and abort flag; events go to the outbox
+            self._inbox.put(Ticket(ticket.request, partial(_hold, self._outbox, ticket.emit), ticket.aborted))
+
+    def _flush(self) -> None:
+        """On the owner thread, after each step: hand the step's events to the loop at once."""
+        if self._outbox and self._loop is not None:
+            items = self._outbox[:]
+            del self._outbox[:]
+            try:
+                self._loop.call_soon_threadsafe(_push_all, items)
+            except RuntimeError:  # the loop has closed (shutdown): nobody is left to read them
+                pass
 
     def _main(self) -> None:
         try:
@@ -72,7 +90,23 @@ class ThreadEngine(EngineClient):
             return
         self.state = EngineState.READY
         try:
-            core.serve(self._inbox)
+            core.serve(self._inbox, self._flush)
         except BaseException as exc:  # the loop itself broke: say so on /health
             log.exception("engine loop died")
             self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED
+        finally:
+            self._flush()  # what the last step emitted
+
+
+def _hold(
+    outbox: list[tuple[Callable[[Event | ServeError], None], Event | ServeError]],
+    emit: Callable[[Event | ServeError], None],
+    ev: Event | ServeError,
+) -> None:
+    """On the owner thread: keep an event until the step's flush (the owner thread alone appends)."""
+    outbox.append((emit, ev))
+
+
+def _push_all(items: list[tuple[Callable[[Event | ServeError], None], Event | ServeError]]) -> None:
+    for emit, ev in items:  # on the loop: each request's own emit (RequestStream.push)
+        emit(ev)
