@@ -102,7 +102,15 @@ def test_metrics_count_a_streamed_request(server: ServerProcess) -> None:
         model="m", messages=[{"role": "user", "content": "Tell a story."}], max_tokens=8, stream=True
     )
     assert sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content) >= 2
-    m = metric_samples(server.url)
+    # The request is counted as the server finishes with it, just after the response's last byte
+    # (as the trace line is, below): the client may hold the whole stream a moment before that.
+    done = "mlx_serve:e2e_request_latency_seconds_count"
+    deadline = time.monotonic() + 10
+    while True:
+        m = metric_samples(server.url)
+        if m.get(done, 0.0) > before.get(done, 0.0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
 
     def grew(name: str) -> float:
         return m.get(name, 0.0) - before.get(name, 0.0)
