@@ -91,7 +91,10 @@ def test_error_body_carries_param() -> None:
 
 def test_error_body_fills_sdk_error_fields() -> None:
     body = orjson.loads(openai_render.error_body(ContextTooLong("too long", param="messages")))
-    err = openai.APIError("too long", request=None, body=body["error"])  # type: ignore[arg-type]
+    # the SDK's own HTTP client builds the request (httpx before openai 3, httpx2 after)
+    sdk = openai.OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1", max_retries=0)
+    request = sdk._client.build_request("POST", "http://127.0.0.1:9/v1/chat/completions")
+    err = openai.APIError("too long", request=request, body=body["error"])
     assert (err.type, err.code, err.param) == ("invalid_request_error", "context_length_exceeded", "messages")
 
 
