@@ -26,6 +26,9 @@ from engine.types import Counters, Event
 
 log = logging.getLogger("mlx_serve.engine")
 
+Emit = Callable[[Event | ServeError], None]  # one request's RequestStream.push
+Held = list[tuple[Emit, Event | ServeError]]  # a step's events, held until its flush
+
 
 class ThreadEngine(EngineClient):
     """Owns the model and the MLX thread. Loading happens on that thread after `start()`."""
@@ -43,7 +46,7 @@ class ThreadEngine(EngineClient):
         self._inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._outbox: list[tuple[Callable[[Event | ServeError], None], Event | ServeError]] = []
+        self._outbox: Held = []
         self.counters = Counters()
 
     def start(self) -> None:
@@ -99,14 +102,14 @@ class ThreadEngine(EngineClient):
 
 
 def _hold(
-    outbox: list[tuple[Callable[[Event | ServeError], None], Event | ServeError]],
-    emit: Callable[[Event | ServeError], None],
+    outbox: Held,
+    emit: Emit,
     ev: Event | ServeError,
 ) -> None:
     """On the owner thread: keep an event until the step's flush (the owner thread alone appends)."""
     outbox.append((emit, ev))
 
 
-def _push_all(items: list[tuple[Callable[[Event | ServeError], None], Event | ServeError]]) -> None:
+def _push_all(items: Held) -> None:
     for emit, ev in items:  # on the loop: each request's own emit (RequestStream.push)
         emit(ev)
