@@ -5,6 +5,7 @@
 set -uo pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
+lscpu | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node\(s\))" > "$out/host.txt" 2>&1
 for shape in ${SHAPES:-1b 8b}; do
   m=/tmp/llama-$shape
   [ -d $m ] || python3 -m bench.make_model --shape $shape --out $m --tokenizer-from build/smollm2-tok > /dev/null

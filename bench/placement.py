@@ -34,7 +34,7 @@ import orjson
 from mlx_lm.generate import stream_generate
 
 from bench.servers import ServerSpec, server_cwd, start_server, stop_server
-from bench.single_stream import MESSAGES, rate, rate_line
+from bench.single_stream import MESSAGES, is_text_chunk, rate, rate_line
 from bench.speculation import load_as_served
 
 
@@ -72,7 +72,7 @@ def served_once(client: httpx.Client, url: str, n: int) -> float:
     times: list[float] = []
     with client.stream("POST", url, content=orjson.dumps(body), headers={"content-type": "application/json"}) as r:
         for line in r.iter_lines():
-            if line.startswith("data: {") and '"content"' in line:
+            if is_text_chunk(line):
                 times.append(time.perf_counter())
     return rate(times)
 

@@ -103,6 +103,20 @@ async def wait_healthy(server: RunningServer, timeout_s: float) -> None:
     raise ServerStartError(f"no /health 200 after {timeout_s:.0f} s: {log_tail(server.log_path)}")
 
 
+async def wait_warmed(server: RunningServer, timeout_s: float) -> float:
+    """Once healthy, wait for mlx-serve's idle warm-up (engine.warmup: the larger bursts, run
+    while no request is in) to finish, by its log; seconds waited (0.0 when it has none). A
+    single-stream bench must: each request would restart the burst under way, so the bursts
+    would run on the same GPU through every other context's measurement."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout_s:
+        log = server.log_path.read_text(errors="replace")
+        if " rows while idle" not in log or "warm-up while idle:" in log:
+            return time.perf_counter() - start
+        await asyncio.sleep(0.5)
+    raise ServerStartError(f"idle warm-up not done after {timeout_s:.0f} s: {log_tail(server.log_path)}")
+
+
 def stop_server(server: RunningServer) -> None:
     """SIGTERM the server's process group, SIGKILL it after a grace period."""
     if server.process.poll() is None:

@@ -39,6 +39,13 @@ from bench.speculation import load_as_served
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
 
 
+def is_text_chunk(line: str) -> bool:
+    """An SSE line of a chat stream that carries generated text. Not the role chunk mlx-serve
+    sends at once (`"content":""`, before the prompt is even prefilled): timed from it, a decode
+    rate would include the time to first token, which `stream_generate`'s does not."""
+    return line.startswith("data: {") and '"content":"' in line and '"content":""' not in line
+
+
 def rate(times: list[float]) -> float:
     """Tokens after the first over the time from the first to the last."""
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0

@@ -40,8 +40,8 @@ import httpx
 import orjson
 from mlx_lm.generate import stream_generate
 
-from bench.servers import ServerSpec, server_cwd, start_server, stop_server, wait_healthy
-from bench.single_stream import MESSAGES, rate, rate_line
+from bench.servers import ServerSpec, server_cwd, start_server, stop_server, wait_healthy, wait_warmed
+from bench.single_stream import MESSAGES, is_text_chunk, rate, rate_line
 from bench.speculation import load_as_served
 
 
@@ -122,7 +122,7 @@ async def served_once(client: httpx.AsyncClient, n: int, lazy_s: float = 0.0) ->
         if lazy_s:
             await asyncio.sleep(lazy_s)
         async for line in r.aiter_lines():
-            if line.startswith("data: {") and '"content"' in line:
+            if is_text_chunk(line):
                 times.append(time.perf_counter())
     return rate(times)
 
@@ -156,6 +156,7 @@ async def main(args: argparse.Namespace) -> None:
                               dict(os.environ), server_cwd("mlx-serve", log_dir))
             servers[name] = start_server(spec, log_dir / f"{tag}.log")
             await wait_healthy(servers[name], 900)
+            await wait_warmed(servers[name], 900)
             clients[name] = httpx.AsyncClient(base_url=servers[name].base_url, timeout=900)
         local = {
             "direct here": lambda: direct_rate(model, tokenizer, prompt, args.tokens),
