@@ -247,10 +247,11 @@ class Core:
         if len(live) != len(plan.prefill):
             plan = replace(plan, prefill=live)  # a row that failed to start takes no step
         out = self.runner.step(plan)
-        took = round(time.perf_counter() - started, 6)
-        for chunk in plan.prefill:
-            if (clock := self.clocks.get(chunk.seq_id)) is not None:
-                clock.chunks.append((chunk.end - chunk.start, took))
+        if plan.prefill:
+            took = round(time.perf_counter() - started, 6)
+            for chunk in plan.prefill:
+                if (clock := self.clocks.get(chunk.seq_id)) is not None:
+                    clock.chunks.append((chunk.end - chunk.start, took))
         for drafted, accepted in out.speculation.values():
             self.counters.spec_decode_num_drafts += 1
             self.counters.spec_decode_num_draft_tokens += drafted

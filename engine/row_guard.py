@@ -30,6 +30,9 @@ class RowFaults:
         log.error("one request failed in %s (only it is ended)", where, exc_info=exc)
         self._by_uid[uid] = f"{type(exc).__name__}: {exc}"
 
+    def __bool__(self) -> bool:
+        return bool(self._by_uid)
+
     def take(self) -> dict[int, str]:
         found, self._by_uid = self._by_uid, {}
         return found

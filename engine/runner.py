@@ -101,14 +101,13 @@ class BatchRunner:
         draft = self.speculation.draft_model
         loses = draft is not None and draft_breakeven(model, draft, self.speculation.num_draft_tokens)[2]
         self._gate = SpeculationGate(expect_loss=loses)
-        self._last: tuple[bool | None, float] | None = (
-            None  # the previous clean step: the gate's call, its end
-        )
+        self._last: tuple[bool, float] | None = None  # the previous clean step: the gate's call, its end
         self._draft_rows = DraftRows(draft, prefill_step_size) if draft is not None else None
         self._uids = itertools.count()
         self._uid_of: dict[str, int] = {}
         self._seq_of: dict[int, str] = {}
         self._requests: dict[str, Request] = {}
+        self._asks_logprobs: set[str] = set()  # rows whose requests asked for log-probabilities
         self._prompts: dict[str, PromptProcessingBatch] = {}
         self._gen = empty_batch(model, self._draft_rows)
         self._no_stops = StopSequences()
@@ -144,6 +143,8 @@ class BatchRunner:
         self._uid_of[request.id], self._seq_of[uid] = uid, request.id
         self._requests[request.id] = request
         self._prompts[request.id] = prompt
+        if request.logprobs is not None:
+            self._asks_logprobs.add(request.id)
         if row is not None:
             self._spec[request.id] = row
 
@@ -176,23 +177,26 @@ class BatchRunner:
             if drafts is None:
                 if rows == 1 and self.lone_row:
                     self._gen.go_plain()
-                responses = self._gen.next()
-                out = StepOutput(
-                    {self._seq_of[r.uid]: r.token for r in responses},
-                    self._logprobs([(self._seq_of[r.uid], r.token, r.logprobs) for r in responses]),
-                )
+                sampled = self._gen.step_plain()
+                seq_of = self._seq_of
+                asked = [(seq_of[u], t, lp) for u, t, lp in sampled] if self._asks_logprobs else []
+                out = StepOutput({seq_of[uid]: token for uid, token, _ in sampled}, self._logprobs(asked))
             else:
                 out = self._speculate(*drafts)
-            # What ran, for the gate: a step it let speculate runs plain when no row has drafts
-            # (rows the draft model does not follow, prompt lookups that found nothing).
-            ran = None if allowed is None else drafts is not None
-            self._measure(rows, ran, out, clean=not plan.prefill)
+            if allowed is None:
+                self._last = None  # no row speculates: nothing for the gate (see _measure)
+            else:
+                # What ran, for the gate: a step it let speculate runs plain when no row has drafts
+                # (rows the draft model does not follow, prompt lookups that found nothing).
+                self._measure(rows, drafts is not None, out, clean=not plan.prefill)
             return self._settled(out)
 
     def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> list[tuple[PromptProcessingBatch, list[int]]]:
         """Each row's prompt chunk, alone; the rows whose last chunk this is, to join decoding.
         A row whose chunk raises is recorded as failed and prefills no further."""
         finals: list[tuple[PromptProcessingBatch, list[int]]] = []
+        if not chunks:
+            return finals
         for chunk in chunks:
             request, batch = self._requests[chunk.seq_id], self._prompts[chunk.seq_id]
             tokens = list(request.prompt_tokens[chunk.start : chunk.end])
@@ -211,6 +215,8 @@ class BatchRunner:
 
     def _settled(self, out: StepOutput) -> StepOutput:
         """The step's output less the rows that faulted in it, which leave the batch now."""
+        if not self._faults:
+            return out
         faults = self._faults.take()
         failed = {self._seq_of[uid]: why for uid, why in faults.items() if uid in self._seq_of}
         if not failed:
@@ -231,7 +237,7 @@ class BatchRunner:
             return True
         return False if prefill else self._gate.choose(rows)
 
-    def _measure(self, rows: int, speculated: bool | None, out: StepOutput, clean: bool) -> None:
+    def _measure(self, rows: int, speculated: bool, out: StepOutput, clean: bool) -> None:
         """Tokens per second of this step, for the gate, charged to the kind of step that ran.
         A step the gate let speculate but in which no row drafted ran plain, and counts as plain:
         charged to speculation it would make a drafter that had nothing to offer (a row the draft
@@ -243,7 +249,7 @@ class BatchRunner:
         charged to one step's rate it made a draft model that wins lose its bucket for good."""
         now = time.perf_counter()
         last, self._last = self._last, (speculated, now) if clean else None
-        if speculated is None or not clean or last is None or last[0] != speculated:
+        if not clean or last is None or last[0] != speculated:
             return
         emitted = sum(len(t) if isinstance(t, tuple) else 1 for t in out.tokens.values())
         self._gate.record(rows, speculated, emitted, now - last[1])
@@ -362,6 +368,8 @@ class BatchRunner:
             self.prefix_cache.store(list(prompt.tokens[0]), prompt.extract_cache(0))
 
     def _release(self, seq_ids: tuple[str, ...], store: bool = True) -> None:
+        if not seq_ids:
+            return
         gone = {self._uid_of.pop(s) for s in seq_ids if s in self._uid_of}
         if not gone:
             return
@@ -371,6 +379,7 @@ class BatchRunner:
                 self._keep_prefilled(prompt)
             self._requests.pop(s, None)
             self._spec.pop(s, None)
+            self._asks_logprobs.discard(s)
         for uid in gone:
             self._seq_of.pop(uid, None)
         keep = [i for i, uid in enumerate(self._gen.uids) if uid not in gone]

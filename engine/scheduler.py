@@ -95,7 +95,7 @@ class StepOutput:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per row per token, and a frozen one costs 5x to make
 class TokenUpdate:
     seq_id: str
     token: int
@@ -262,16 +262,21 @@ class Scheduler:
                 seq.state = SeqState.DECODING
                 self.decoding.append(seq)
         updates = []
+        by_id, logprobs, speculation = self._by_id, output.logprobs, output.speculation
         for seq_id, emitted in output.tokens.items():
-            seq = self._by_id.get(seq_id)
+            seq = by_id.get(seq_id)
             if seq is None or seq.state is not SeqState.DECODING:
                 continue
-            drafted, accepted = output.speculation.get(seq_id, (0, 0))
-            seq.drafted += drafted
-            seq.accepted += accepted
-            tokens = emitted if isinstance(emitted, tuple) else (emitted,)
-            lps = output.logprobs.get(seq_id)
-            lps_each = lps if isinstance(lps, list) else [lps] * len(tokens)
+            if type(emitted) is int:  # a plain step's one token (a speculative step's are a tuple)
+                tokens: tuple[int, ...] = (emitted,)
+            else:
+                assert isinstance(emitted, tuple)
+                drafted, accepted = speculation.get(seq_id, (0, 0))
+                seq.drafted += drafted
+                seq.accepted += accepted
+                tokens = emitted
+            lps = logprobs.get(seq_id) if logprobs else None
+            lps_each = lps if isinstance(lps, list) else (lps,) * len(tokens)
             for token, lp in zip(tokens, lps_each):
                 seq.num_generated += 1
                 finish = self._finish_reason(seq, token)

@@ -165,6 +165,19 @@ class SpecBatch(GenerationBatch):
         self.known = {}
         return super().next()
 
+    def step_plain(self) -> list[tuple[int, int, mx.array]]:
+        """One plain step: each row's (uid, token, its distribution), in row order.
+
+        What `next()` samples, without its own ending of rows: mlx-lm counts each row's tokens
+        and matches its stop sequences there, and builds a response object a row. The engine's
+        rows have neither limit nor stop sequences there (the scheduler ends them), so a step of
+        one stream or of many skips that per-row work."""
+        self.known = {}
+        if not self.uids:
+            return []
+        tokens, logprobs = self._step()
+        return list(zip(self.uids, tokens, logprobs))
+
     def extend(self, batch: GenerationBatch) -> None:
         self._batched()
         super().extend(batch)
