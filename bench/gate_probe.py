@@ -16,7 +16,8 @@ from dataclasses import replace
 from typing import Any
 
 from bench.speculation import edited, load_as_served, prompts, run
-from engine.runner import BatchRunner, Speculation
+from engine.runner import BatchRunner
+from engine.speculation.rows import Speculation
 from engine.types import Request, SamplingParams
 
 
@@ -52,7 +53,7 @@ def main() -> None:
     runner, plain_runner = BatchRunner(model, speculation=spec), BatchRunner(model)
     decisions: list[bool] = []
     timed: list[tuple[bool, int, float]] = []
-    gate = runner._gate
+    gate = runner.spec.gate
     choose, record = gate.choose, gate.record
 
     def watched_choose(rows: int) -> bool:

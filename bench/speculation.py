@@ -30,8 +30,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import load
 
-from engine.runner import BatchRunner, Speculation
+from engine.runner import BatchRunner
 from engine.scheduler import Scheduler, SchedulerConfig
+from engine.speculation.rows import Speculation
 from engine.types import Request, SamplingParams
 
 FILES = (

@@ -178,8 +178,9 @@ def make_core(
     import mlx.core as mx
 
     from engine.prefix_cache import PrefixCache, gpu_min_hit
-    from engine.runner import BatchRunner, Speculation
+    from engine.runner import BatchRunner
     from engine.scheduler import Scheduler, SchedulerConfig
+    from engine.speculation.rows import Speculation
 
     plan = plan_engine_memory(loaded, settings, draft)
     if shard is not None:
@@ -268,7 +269,7 @@ def load_and_build(
 
 def load_draft(target: LoadedModel, spec: ModelSpec, k: int = 3) -> LoadedModel:
     """The draft model, refused unless it shares the target's tokenizer and suits batch speculation."""
-    from engine.runner import draft_breakeven
+    from engine.speculation.rows import draft_breakeven
     from engine.speculation.verify import DraftMismatch, can_speculate
 
     draft = load_model(spec)

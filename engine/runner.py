@@ -12,14 +12,11 @@ reading the batch's padding back (engine.batch_padding), so that overlap holds w
 from __future__ import annotations
 
 import itertools
-import time
-from dataclasses import dataclass
 from typing import cast
 
 import mlx.core as mx
 
 import engine.batch_padding  # noqa: F401 - batch caches keep their padding on the host too
-from engine.admission import weights_bytes
 from engine.mlx_boundary import (
     CacheLayer,
     LogitsProcessor,
@@ -35,39 +32,12 @@ from engine.prefix_cache import PrefixCache
 from engine.row_guard import RowFaults, fenced_processor, fenced_sampler
 from engine.sampling import make_row_processors, make_row_sampler
 from engine.scheduler import PrefillChunk, StepOutput, StepPlan, TokenLogprobs
-from engine.speculation.drafting import (
-    PREDICTION_K,
-    TYPICAL_ACCEPTANCE,
-    Draft,
-    PredictionLookup,
-    PromptLookup,
-    RowSpeculation,
-    SpeculationGate,
-    breakeven_acceptance,
-)
-from engine.speculation.verify import DraftRows, can_speculate, empty_batch
+from engine.speculation.drafting import Draft
+from engine.speculation.rows import SpeculatingRows, Speculation
+from engine.speculation.verify import empty_batch
 from engine.types import Request
 
 NO_LIMIT = 1 << 40  # the scheduler decides when a row ends, not mlx-lm
-
-
-@dataclass(frozen=True, slots=True)
-class Speculation:
-    """The server's speculative decoding: which drafter, and how many tokens a step drafts."""
-
-    kind: str | None = None  # "ngram", "draft" (a draft model) or None (only per-request predictions)
-    num_draft_tokens: int = 3
-    draft_model: Model | None = None
-    gated: bool = True  # speculate only where it measures faster (off: whenever a row has drafts)
-
-
-def draft_breakeven(model: Model, draft: Model, k: int) -> tuple[float, float | None, bool]:
-    """A draft model's cost per token (its share of the target's weight bytes), the acceptance
-    at which k drafts pay off even with a free verify step (None: none does), and whether that
-    is above what a typical acceptance brings (then the gate starts every batch size plain)."""
-    cost = weights_bytes(draft) / max(weights_bytes(model), 1)
-    need = breakeven_acceptance(cost, k)
-    return cost, need, need is None or need > TYPICAL_ACCEPTANCE
 
 
 class BatchRunner:
@@ -96,20 +66,14 @@ class BatchRunner:
         self.prefill_step_size = prefill_step_size
         self.prefix_cache = prefix_cache
         self.speculation = speculation or Speculation()
-        self._can_speculate = can_speculate(model)
-        self._spec: dict[str, RowSpeculation] = {}
-        draft = self.speculation.draft_model
-        loses = draft is not None and draft_breakeven(model, draft, self.speculation.num_draft_tokens)[2]
-        self._gate = SpeculationGate(expect_loss=loses)
-        self._last: tuple[bool, float] | None = None  # the previous clean step: the gate's call, its end
-        self._draft_rows = DraftRows(draft, prefill_step_size) if draft is not None else None
+        self.spec = SpeculatingRows(model, self.speculation, prefill_step_size)
         self._uids = itertools.count()
         self._uid_of: dict[str, int] = {}
         self._seq_of: dict[int, str] = {}
         self._requests: dict[str, Request] = {}
         self._asks_logprobs: set[str] = set()  # rows whose requests asked for log-probabilities
         self._prompts: dict[str, PromptProcessingBatch] = {}
-        self._gen = empty_batch(model, self._draft_rows)
+        self._gen = empty_batch(model, self.spec.draft_rows)
         self._no_stops = StopSequences()
         self._faults = RowFaults()
 
@@ -139,29 +103,12 @@ class BatchRunner:
                 stop_sequences=[self._no_stops],
                 max_tokens=[NO_LIMIT],
             )
-        row = self._row_speculation(request)
+        self.spec.admit(request)  # the last step that may raise
         self._uid_of[request.id], self._seq_of[uid] = uid, request.id
         self._requests[request.id] = request
         self._prompts[request.id] = prompt
         if request.logprobs is not None:
             self._asks_logprobs.add(request.id)
-        if row is not None:
-            self._spec[request.id] = row
-
-    def _row_speculation(self, request: Request) -> RowSpeculation | None:
-        """A prediction drafts for its own request; otherwise the server's drafter, if any.
-        A request's num_draft_tokens may lower the server's γ (0 turns speculation off)."""
-        if not self._can_speculate or request.grammar is not None:
-            return None  # a constrained row's matcher follows one token a step: it does not speculate
-        conf, asked = self.speculation, request.num_draft_tokens
-        if request.prediction:  # its draft length is the prediction's (a request may lower it)
-            k = PREDICTION_K if asked is None else min(asked, PREDICTION_K)
-            lookup = PredictionLookup(request.prediction, len(request.prompt_tokens))
-            return RowSpeculation(lookup, k, prediction=True) if k > 0 else None
-        k = conf.num_draft_tokens if asked is None else min(asked, conf.num_draft_tokens)
-        if conf.kind is None or k <= 0:
-            return None
-        return RowSpeculation(None if conf.kind == "draft" else PromptLookup(), k)
 
     def step(self, plan: StepPlan) -> StepOutput:
         with mx.stream(generation_stream):
@@ -172,8 +119,8 @@ class BatchRunner:
             rows = len(self._gen)
             if rows == 0:
                 return self._settled(StepOutput({}))
-            allowed = self._gate_open(rows, bool(plan.prefill)) if self._spec else None
-            drafts = self._drafts() if allowed else None
+            allowed = self.spec.allowed(rows, bool(plan.prefill))
+            drafts = self.spec.drafts(self._gen, self._seq_of, self._faults) if allowed else None
             if drafts is None:
                 if rows == 1 and self.lone_row:
                     self._gen.go_plain()
@@ -183,12 +130,9 @@ class BatchRunner:
                 out = StepOutput({seq_of[uid]: token for uid, token, _ in sampled}, self._logprobs(asked))
             else:
                 out = self._speculate(*drafts)
-            if allowed is None:
-                self._last = None  # no row speculates: nothing for the gate (see _measure)
-            else:
-                # What ran, for the gate: a step it let speculate runs plain when no row has drafts
-                # (rows the draft model does not follow, prompt lookups that found nothing).
-                self._measure(rows, drafts is not None, out, clean=not plan.prefill)
+            # What ran, for the gate: a step it let speculate runs plain when no row has drafts
+            # (rows the draft model does not follow, prompt lookups that found nothing).
+            self.spec.measure(rows, allowed, drafts is not None, out, clean=not plan.prefill)
             return self._settled(out)
 
     def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> list[tuple[PromptProcessingBatch, list[int]]]:
@@ -229,59 +173,6 @@ class BatchRunner:
             failed,
         )
 
-    def _gate_open(self, rows: int, prefill: bool) -> bool:
-        """Whether rows may speculate this step. Gated, a step that carries prefill runs plain:
-        the joining rows' first tokens wait on it, and in a busy closed loop such steps are half
-        the wall time, where the gate measures nothing (seen on the H200 at 16 clients)."""
-        if not self.speculation.gated:
-            return True
-        return False if prefill else self._gate.choose(rows)
-
-    def _measure(self, rows: int, speculated: bool, out: StepOutput, clean: bool) -> None:
-        """Tokens per second of this step, for the gate, charged to the kind of step that ran.
-        A step the gate let speculate but in which no row drafted ran plain, and counts as plain:
-        charged to speculation it would make a drafter that had nothing to offer (a row the draft
-        model was not following) look no faster than plain and keep it off for good. Only a step
-        that follows one of the same kind counts: a plain step is pipelined behind the previous
-        step, so the first step after a change would be charged for the other kind's forward.
-        A draft model's prefill of a joining row is not charged either: it is paid once, when the
-        row joins, and only where the gate has the draft follow the row (SpeculationGate.mirror);
-        charged to one step's rate it made a draft model that wins lose its bucket for good."""
-        now = time.perf_counter()
-        last, self._last = self._last, (speculated, now) if clean else None
-        if not clean or last is None or last[0] != speculated:
-            return
-        emitted = sum(len(t) if isinstance(t, tuple) else 1 for t in out.tokens.values())
-        self._gate.record(rows, speculated, emitted, now - last[1])
-
-    def _drafts(self) -> tuple[list[Draft | None], list[int] | None] | None:
-        """This step's drafts per row, or None when no row drafts (a plain, pipelined step)."""
-        drafts: list[Draft | None] = []
-        model_k: list[int] = []
-        for e, uid in enumerate(self._gen.uids):
-            row = self._spec.get(self._seq_of[uid])
-            if row is None or not row.active:
-                drafts.append(None)
-                model_k.append(0)
-            elif row.drafter is None:
-                drafts.append(None)
-                model_k.append(row.k if self._draft_rows is not None and self._draft_rows.live[e] else 0)
-            else:
-                d = self._draft(row, e, uid)
-                drafts.append(d if d is not None and d.tokens else None)
-                model_k.append(0)
-        if all(d is None for d in drafts) and max(model_k) == 0:
-            return None
-        return drafts, (model_k if self._draft_rows is not None and max(model_k) > 0 else None)
-
-    def _draft(self, row: RowSpeculation, e: int, uid: int) -> Draft | None:
-        assert row.drafter is not None
-        try:
-            return row.drafter.draft(self._gen.tokens[e], self._gen.pending(e), row.draft_len)
-        except Exception as exc:  # noqa: BLE001 - recorded and logged: the row fails alone
-            self._faults.record(uid, exc, "drafting")
-            return None
-
     def _speculate(self, drafts: list[Draft | None], model_k: list[int] | None) -> StepOutput:
         results = self._gen.speculate(drafts, model_k)
         tokens: dict[str, int | tuple[int, ...]] = {}
@@ -291,8 +182,7 @@ class BatchRunner:
             seq_id = self._seq_of[r.uid]
             tokens[seq_id] = tuple(r.tokens)
             flat.extend((seq_id, t, lp) for t, lp in zip(r.tokens, r.logprobs))
-            if r.drafted and (row := self._spec.get(seq_id)) is not None:
-                row.record(r.drafted, r.accepted)
+            if self.spec.record(seq_id, r.drafted, r.accepted):
                 spec[seq_id] = (r.drafted, r.accepted)
         return StepOutput(tokens, self._logprobs(flat), spec)
 
@@ -342,16 +232,9 @@ class BatchRunner:
             else:
                 merged.prompt(heads)
         self._gen.extend(merged.generate([t[-1:] for t in tails]))
-        if self._draft_rows is not None:
+        if self.spec.draft_rows is not None:
             rows = len(self._gen)
-            self._draft_rows.prefill(prompts, [self._mirrors(s, rows) for s in seq_ids])
-
-    def _mirrors(self, seq_id: str, rows: int) -> bool:
-        """Whether the draft model follows this joining row (see SpeculationGate.mirror)."""
-        row = self._spec.get(seq_id)
-        if row is None or row.drafter is not None or row.k <= 0:
-            return False
-        return self._gate.mirror(rows) if self.speculation.gated else True
+            self.spec.draft_rows.prefill(prompts, [self.spec.mirrors(s, rows) for s in seq_ids])
 
     def _leave_prompt(self, batch: PromptProcessingBatch, tokens: list[int]) -> list[int]:
         """Prefill all but the last prompt token and leave that KV for the sibling choices."""
@@ -378,7 +261,7 @@ class BatchRunner:
             if prompt is not None and store:
                 self._keep_prefilled(prompt)
             self._requests.pop(s, None)
-            self._spec.pop(s, None)
+            self.spec.forget(s)
             self._asks_logprobs.discard(s)
         for uid in gone:
             self._seq_of.pop(uid, None)

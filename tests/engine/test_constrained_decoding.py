@@ -232,7 +232,7 @@ def test_constrained_rows_share_a_batch_with_speculating_rows(tiny: tuple[Any, A
     shaped = [Request(f"json{i}", ids, SamplingParams(temperature=1.0, seed=i), 120,
                       grammar=structured.json_schema(s, "response_format"))
               for i, s in enumerate(SCHEMAS[:3])]
-    from engine.runner import Speculation
+    from engine.speculation.rows import Speculation
 
     scheduler = Scheduler(SchedulerConfig(draft_tokens=3), frozenset(tokenizer.eos_token_ids))
     runner = BatchRunner(model, speculation=Speculation(None, 3, gated=False))

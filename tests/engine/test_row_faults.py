@@ -20,9 +20,10 @@ import pytest
 from engine.core import Core, Ticket
 from engine.errors import EngineFailed, ServeError
 from engine.mlx_boundary import LogitsProcessor
-from engine.runner import BatchRunner, Speculation
+from engine.runner import BatchRunner
 from engine.sampling import RowSampler
 from engine.scheduler import Scheduler, SchedulerConfig
+from engine.speculation.rows import Speculation
 from engine.types import Counters, Event, Finished, Request, SamplingParams, TextDelta
 
 QUESTIONS = [

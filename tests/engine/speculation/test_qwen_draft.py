@@ -13,7 +13,7 @@ import pytest
 
 from engine.build import check_draft_tokenizer, load_draft
 from engine.loader import LoadedModel, load_model, prepare
-from engine.runner import Speculation
+from engine.speculation.rows import Speculation
 from engine.types import Request, SamplingParams
 from tests.engine.speculation.test_speculation import run_batch
 from tests.engine.test_runner import prompt_ids, reference

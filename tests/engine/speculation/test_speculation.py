@@ -19,7 +19,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 
-from engine.runner import BatchRunner, Speculation
+from engine.runner import BatchRunner
 from engine.scheduler import Scheduler, SchedulerConfig, StepOutput
 from engine.speculation.drafting import (
     PREDICTION_K,
@@ -28,6 +28,7 @@ from engine.speculation.drafting import (
     PromptLookup,
     RowSpeculation,
 )
+from engine.speculation.rows import Speculation
 from engine.types import Request, SamplingParams
 from tests.engine.test_runner import drive, prompt_ids, reference
 
@@ -410,24 +411,24 @@ def test_the_gate_is_charged_for_the_kind_of_step_that_ran_and_not_for_a_joins_d
     # the 1.5B, one stream on a CPU: gated 1.00x where the gate off ran 1.5x): the whole draft
     # prefill of a joining prompt charged to one step's rate, and steps it allowed in which no
     # row had drafts (rows the draft was not following) charged to speculation at plain speed.
-    import engine.runner
+    import engine.speculation.rows
 
     model, tokenizer = smollm
     eos = set(tokenizer.eos_token_ids)
     clock = {"skew": 0.0}
-    real = engine.runner.time.perf_counter
+    real = engine.speculation.rows.time.perf_counter
 
     class Clock:
         @staticmethod
         def perf_counter() -> float:
             return real() + clock["skew"]
 
-    monkeypatch.setattr(engine.runner, "time", Clock)
+    monkeypatch.setattr(engine.speculation.rows, "time", Clock)
     recorded: list[tuple[bool, float]] = []
 
     def runner_with(mirror: bool) -> BatchRunner:
         runner = BatchRunner(model, speculation=Speculation("draft", 3, model))
-        gate, draft_rows = runner._gate, runner._draft_rows
+        gate, draft_rows = runner.spec.gate, runner.spec.draft_rows
         assert draft_rows is not None
         prefill = draft_rows.prefill
 
