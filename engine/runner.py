@@ -139,8 +139,6 @@ class BatchRunner:
         """Each row's prompt chunk, alone; the rows whose last chunk this is, to join decoding.
         A row whose chunk raises is recorded as failed and prefills no further."""
         finals: list[tuple[PromptProcessingBatch, list[int]]] = []
-        if not chunks:
-            return finals
         for chunk in chunks:
             request, batch = self._requests[chunk.seq_id], self._prompts[chunk.seq_id]
             tokens = list(request.prompt_tokens[chunk.start : chunk.end])
