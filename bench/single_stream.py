@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -110,7 +111,18 @@ def rate_line(name: str, rs: list[float], reference: list[float], width: int = 1
     if rs is not reference:
         ratios = [r / d for r, d in zip(rs, reference, strict=True)]
         line += f"  {statistics.median(ratios):.3f}x [{min(ratios):.3f}-{max(ratios):.3f}]"
+        if len(ratios) >= 20:
+            lo, hi = median_interval(ratios)
+            line += f" 95% CI of the median {lo:.3f}-{hi:.3f}"
     return line
+
+
+def median_interval(xs: list[float], draws: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """A 95% bootstrap interval for the median of `xs` (percentile method, fixed seed): how far
+    the median ratio of a run could move on rounds drawn from the same machine's spread."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
 
 
 if __name__ == "__main__":
