@@ -9,7 +9,10 @@ wrapping what both call alike: the model's forward (building the step's graph in
 `mx.eval` (waiting for a step), plus the main thread's CPU time per token. What is left is every
 other line of Python on the thread: for `stream_generate` the generator and the detokenizer,
 for ours the runner, scheduler, detokenizer, stop matching and events. The wrappers cost the
-same on both sides. `--only 'our core'` (or `stream_generate`) runs one side alone, to profile it.
+same on both sides. Only the decode is counted: from each side's first token to its last (the
+prompt's prefill, which one side evaluates with `mx.eval` and the other with `mx.async_eval`, is
+left out), so the parts add up to the decode rate's time a token. `--only 'our core'` (or
+`stream_generate`) runs one side alone, to profile it.
 """
 
 from __future__ import annotations
@@ -24,24 +27,40 @@ import mlx.core as mx
 
 from bench.single_stream import MESSAGES
 from bench.speculation import load_as_served
-from bench.stream_contexts import bare_core, core_rate, direct_rate
+from bench.stream_contexts import bare_core, core_stamps, direct_stamps
 
 PARTS = ("forward", "async_eval", "eval")
 
 
 class Split:
+    """Every wrapped call's (start, end, part), to be summed over a window afterwards."""
+
     def __init__(self) -> None:
-        self.spent = dict.fromkeys(PARTS, 0.0)
+        self.calls: list[tuple[float, float, str]] = []
 
     def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        calls = self.calls
+
         def timed(*args: Any, **kwargs: Any) -> Any:
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.spent[part] += time.perf_counter() - t
+                calls.append((t, time.perf_counter(), part))
 
         return timed
+
+    def spent(self, start: float, end: float) -> dict[str, float]:
+        """Seconds in each part within [start, end] (a call across an edge counts its inside)."""
+        out = dict.fromkeys(PARTS, 0.0)
+        for t0, t1, part in self.calls:
+            if t1 > start and t0 < end:
+                out[part] += min(t1, end) - max(t0, start)
+        return out
+
+
+def stamp() -> tuple[float, float]:
+    return time.perf_counter(), time.thread_time()
 
 
 def main() -> None:
@@ -59,30 +78,30 @@ def main() -> None:
     cls.__call__ = split.wrap("forward", forward)  # type: ignore[method-assign]
     mx.async_eval = split.wrap("async_eval", mx.async_eval)
     mx.eval = split.wrap("eval", mx.eval)
-    runs: dict[str, Callable[[], float]] = {
-        "stream_generate": lambda: direct_rate(model, tokenizer, prompt, args.tokens),
-        "our core": lambda: core_rate(bare_core(model, tokenizer), prompt, args.tokens),
+    runs: dict[str, Callable[[], list[tuple[float, float]]]] = {
+        "stream_generate": lambda: direct_stamps(model, tokenizer, prompt, args.tokens, stamp),
+        "our core": lambda: core_stamps(bare_core(model, tokenizer), prompt, args.tokens, stamp),
     }
     if args.only:
         runs = {args.only: runs[args.only]}
     us: dict[str, dict[str, list[float]]] = {k: {x: [] for x in ("wall", "cpu", *PARTS, "rest")} for k in runs}
     for r in range(args.rounds + 2):  # two warm-up rounds
         for name, run in runs.items():
-            split.spent = dict.fromkeys(PARTS, 0.0)
-            c0, w0 = time.thread_time(), time.perf_counter()
-            rate = run()
-            cpu, wall = time.thread_time() - c0, time.perf_counter() - w0
+            split.calls.clear()
+            stamps = run()
             if r < 2:
                 continue
-            n = wall * rate  # tokens' worth of the whole run at its decode rate: scales the parts
+            (w0, c0), (w1, c1) = stamps[0], stamps[-1]
+            per = 1e6 / (len(stamps) - 1)  # the decode: first token to last
+            spent = split.spent(w0, w1)
             row = us[name]
-            row["wall"].append(1e6 / rate)
-            row["cpu"].append(1e6 * cpu / n)
+            row["wall"].append(per * (w1 - w0))
+            row["cpu"].append(per * (c1 - c0))
             for part in PARTS:
-                row[part].append(1e6 * split.spent[part] / n)
+                row[part].append(per * spent[part])
             row["rest"].append(row["wall"][-1] - sum(row[part][-1] for part in PARTS))
     print(f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved; device {mx.default_device()}")
-    print("  (us a token, medians; the parts are each run's totals spread over its tokens)")
+    print("  (us a token, medians; first token to last)")
     print(f"  {'':16s} " + " ".join(f"{k:>10s}" for k in next(iter(us.values()))))
     for name, row in us.items():
         print(f"  {name:16s} " + " ".join(f"{statistics.median(v):10.1f}" for v in row.values()))

@@ -33,6 +33,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,16 +70,21 @@ def served_core(model: Any, tokenizer: Any, path: str) -> Any:
 
 def core_rate(core: Any, prompt: list[int], n: int) -> float:
     """One request through `core.serve`, timed from its first text event to its last."""
+    return rate(core_stamps(core, prompt, n, time.perf_counter))
+
+
+def core_stamps(core: Any, prompt: list[int], n: int, stamp: Callable[[], Any]) -> list[Any]:
+    """`stamp()` at each text event of one request through `core.serve`."""
     import queue
 
     from engine.core import Ticket
     from engine.types import Request, SamplingParams, TextDelta
 
-    times: list[float] = []
+    times: list[Any] = []
 
     def emit(ev: Any) -> None:
         if isinstance(ev, TextDelta):
-            times.append(time.perf_counter())
+            times.append(stamp())
 
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
     inbox.put(Ticket(Request(f"r{time.monotonic_ns()}", tuple(prompt), SamplingParams(), n), emit))
@@ -91,11 +97,16 @@ def core_rate(core: Any, prompt: list[int], n: int) -> float:
             done = len(times)
 
     core.serve(inbox, flush)
-    return rate(times)
+    return times
 
 
 def direct_rate(model: Any, tokenizer: Any, prompt: list[int], n: int) -> float:
-    return rate([time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)])
+    return rate(direct_stamps(model, tokenizer, prompt, n, time.perf_counter))
+
+
+def direct_stamps(model: Any, tokenizer: Any, prompt: list[int], n: int, stamp: Callable[[], Any]) -> list[Any]:
+    """`stamp()` at each token `stream_generate` yields."""
+    return [stamp() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)]
 
 
 def worker(conn: Any, path: str) -> None:
