@@ -20,6 +20,7 @@ import socket
 import statistics
 import time
 
+from bench.report import percentile
 from engine.frames import FrameReader, FrameWriter
 from engine.process import Events
 from engine.types import TextDelta
@@ -66,10 +67,8 @@ def main() -> None:
             took.append(1e6 * (time.perf_counter() - t))
             if gap:
                 _spin(gap)
-        took.sort()
-        print(
-            f"send, {gap:6.0f} us apart: median {statistics.median(took):6.1f} us  p90 {took[int(0.9 * len(took))]:6.1f} us"
-        )
+        p90 = percentile(took, 90) or 0.0
+        print(f"send, {gap:6.0f} us apart: median {statistics.median(took):6.1f} us  p90 {p90:6.1f} us")
     t = time.perf_counter()
     for _ in range(args.sends):
         pickle.dumps(_events(), protocol=pickle.HIGHEST_PROTOCOL)

@@ -34,6 +34,7 @@ from mlx_lm.generate import stream_generate
 
 from bench.load import RequestRecord, read_stream
 from bench.lone_stream import engine
+from bench.report import percentile
 from bench.servers import RunningServer, ServerSpec, server_cwd, start_server, stop_server, wait_healthy
 from bench.speculation import load_as_served
 
@@ -121,8 +122,10 @@ def median_interval(xs: list[float], draws: int = 4000, seed: int = 0) -> tuple[
     """A 95% bootstrap interval for the median of `xs` (percentile method, fixed seed): how far
     the median ratio of a run could move on rounds drawn from the same machine's spread."""
     rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(draws))
-    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+    meds = [statistics.median(rng.choices(xs, k=len(xs))) for _ in range(draws)]
+    lo, hi = percentile(meds, 2.5), percentile(meds, 97.5)
+    assert lo is not None and hi is not None
+    return lo, hi
 
 
 if __name__ == "__main__":
