@@ -26,7 +26,7 @@ from engine.process import Events
 from engine.types import TextDelta
 
 
-def _drain(sock: socket.socket) -> None:
+def drain(sock: socket.socket) -> None:
     reader = FrameReader(sock.fileno())
     sel = selectors.DefaultSelector()
     sel.register(reader.fileno(), selectors.EVENT_READ)
@@ -51,7 +51,7 @@ def main() -> None:
     p.add_argument("--gap-us", type=float, default=2000.0)
     args = p.parse_args()
     ours, theirs = socket.socketpair()
-    reader = mp.get_context("spawn").Process(target=_drain, args=(theirs,), daemon=True)
+    reader = mp.get_context("spawn").Process(target=drain, args=(theirs,), daemon=True)
     reader.start()
     theirs.close()
     writer = FrameWriter(ours.fileno())

@@ -11,16 +11,24 @@ back to back, so a drifting host moves them all alike:
   direct worker      stream_generate in a second, spawned process (a model of its own)
   core worker        our core in that worker
   served core        in that worker, the core the server builds (engine.build.make_core), kept
+  served core framed the same, each step's events also sent as the engine process sends them
+                     (a frame on a socket pair) to a process that, like the server, sleeps in
+                     `select` until one arrives: the served engine's cost of waking its reader,
+                     without the server's and the client's work on the host's other CPUs
   served process     mlx-serve over HTTP, engine in its child process (the default)
   served lazy        the same server, a client that reads only once the engine is done
   served thread      mlx-serve over HTTP, `--engine thread`
   served plain       mlx-serve with `--no-warmup --prompt-cache-size 0`
 
 For the served ones both clocks are printed: the client's (first chunk to last) and the engine's
-(its --trace: first token to finish). Ratios are per round to `direct here`, bracketed: direct runs
-once more after the last round, and a round's reference is the mean of its direct run and the next
-round's, so a host that drifts within a round moves the reference with it. `--contexts` runs only
-the named ones (direct here always; only their servers start).
+(its --trace: first token to finish). Ratios are per round to the reference (`--reference`,
+`direct here` unless told), bracketed: the reference runs once more after the last round, and a
+round's reference is the mean of its run and the next round's, so a host that drifts within a
+round moves the reference with it. `--contexts` runs only the named ones (the reference always;
+only their servers start). `--reference 'direct worker'` compares processes with processes: the
+served engine runs in a child process of its own, and on the H200 `stream_generate` itself ran
+0.92x as fast in a spawned process as in the bench's main one (`h200-session14-contexts-1b-workers.txt`);
+with it, and neither `direct here` nor `core here` chosen, this process loads no model at all.
 """
 
 from __future__ import annotations
@@ -73,25 +81,36 @@ def core_rate(core: Any, prompt: list[int], n: int) -> float:
     return rate(core_stamps(core, prompt, n, time.perf_counter))
 
 
-def core_stamps(core: Any, prompt: list[int], n: int, stamp: Callable[[], Any]) -> list[Any]:
-    """`stamp()` at each text event of one request through `core.serve`."""
+def core_stamps(
+    core: Any, prompt: list[int], n: int, stamp: Callable[[], Any], send: Callable[[Any], None] | None = None
+) -> list[Any]:
+    """`stamp()` at each text event of one request through `core.serve`; with `send`, each
+    step's events also go out as the engine process's child sends them (engine.process)."""
     import queue
 
     from engine.core import Ticket
+    from engine.process import Events
     from engine.types import Request, SamplingParams, TextDelta
 
     times: list[Any] = []
+    rid = f"r{time.monotonic_ns()}"
+    outbox: list[Any] = []
 
     def emit(ev: Any) -> None:
         if isinstance(ev, TextDelta):
             times.append(stamp())
+        if send is not None:
+            outbox.append((rid, ev))
 
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
-    inbox.put(Ticket(Request(f"r{time.monotonic_ns()}", tuple(prompt), SamplingParams(), n), emit))
+    inbox.put(Ticket(Request(rid, tuple(prompt), SamplingParams(), n), emit))
     done = len(times)
 
     def flush() -> None:
         nonlocal done
+        if send is not None and outbox:
+            send(Events(outbox[:]))
+            del outbox[:]
         if not core.scheduler.has_work and len(times) > done:
             inbox.put(None)
             done = len(times)
@@ -113,13 +132,33 @@ def worker(conn: Any, path: str) -> None:
     model, tokenizer = load_as_served(path)
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     as_served = served_core(model, tokenizer, path)
+    send: Callable[[Any], None] | None = None
     conn.send("ready")
     while (ask := conn.recv()) is not None:
         what, n = ask
         if what == "direct":
             conn.send(direct_rate(model, tokenizer, prompt, n))
+        elif what == "served core framed":
+            send = send or framed_reader()
+            conn.send(rate(core_stamps(as_served, prompt, n, time.perf_counter, send)))
         else:
             conn.send(core_rate(as_served if what == "served core" else bare_core(model, tokenizer), prompt, n))
+
+
+def framed_reader() -> Callable[[Any], None]:
+    """A process that reads frames the way the server does (bench.frame_send); its writer's send."""
+    import socket
+    import subprocess
+    import sys
+
+    from engine.frames import FrameWriter
+
+    ours, theirs = socket.socketpair()
+    code = "import socket, sys; from bench.frame_send import drain; drain(socket.socket(fileno=int(sys.argv[1])))"
+    # a subprocess, not multiprocessing's: the worker is a daemon process, which may have no children
+    subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno())], pass_fds=(theirs.fileno(),))
+    theirs.close()
+    return FrameWriter(ours.fileno()).send
 
 
 async def served_once(client: httpx.AsyncClient, n: int, lazy_s: float = 0.0) -> float:
@@ -139,13 +178,16 @@ async def served_once(client: httpx.AsyncClient, n: int, lazy_s: float = 0.0) ->
 
 
 async def main(args: argparse.Namespace) -> None:
-    model, tokenizer = load_as_served(args.model)
-    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
-    chosen = ["direct here", *(c.strip() for c in args.contexts.split(",") if c.strip() != "direct here")]
+    ref = args.reference
+    chosen = [ref, *(c.strip() for c in args.contexts.split(",") if c.strip() not in ("", ref))]
+    model = tokenizer = prompt = None
+    if "direct here" in chosen or "core here" in chosen:
+        model, tokenizer = load_as_served(args.model)
+        prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     proc = ctx.Process(target=worker, args=(there, args.model), daemon=True)
-    if any(c in chosen for c in ("direct worker", "core worker", "served core")):
+    if any(c in chosen for c in ("direct worker", "core worker", "served core", "served core framed")):
         proc.start()
         assert here.recv() == "ready"
 
@@ -175,6 +217,7 @@ async def main(args: argparse.Namespace) -> None:
             "direct worker": lambda: in_worker("direct"),
             "core worker": lambda: in_worker("core"),
             "served core": lambda: in_worker("served core"),
+            "served core framed": lambda: in_worker("served core framed"),
         }
         names = [n for n in (*local, "served process", "served lazy", "served thread", "served plain") if n in chosen]
         rates: dict[str, list[float]] = {k: [] for k in names}
@@ -191,7 +234,7 @@ async def main(args: argparse.Namespace) -> None:
                 if r >= 2:
                     rates[name].append(got)
                     order.append(name)
-        closing = local["direct here"]()  # brackets the last round
+        closing = local[ref]()  # brackets the last round
     finally:
         for c in clients.values():
             await c.aclose()
@@ -201,11 +244,11 @@ async def main(args: argparse.Namespace) -> None:
             here.send(None)
             proc.join(30)
     print(f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved  extra args {extra}")
-    direct = [*rates["direct here"], closing]
+    direct = [*rates[ref], closing]
     bracket = [(a + b) / 2 for a, b in itertools.pairwise(direct)]
     for name, rs in rates.items():
-        line = rate_line(name, rs, rs if name == "direct here" else bracket, 15)
-        if name.startswith("served ") and name != "served core":
+        line = rate_line(name, rs, rs if name == ref else bracket, 15)
+        if name.startswith("served ") and not name.startswith("served core"):
             eng = engine_clock(traces, order, name, args.tokens)
             line += f"  engine clock {statistics.median(eng):.1f} tok/s"
         print(line, flush=True)
@@ -226,6 +269,8 @@ if __name__ == "__main__":
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--mlx-serve-args", default="", help="extra mlx-serve flags for both servers")
-    p.add_argument("--contexts", default="direct here,core here,direct worker,core worker,served core,"
+    p.add_argument("--reference", default="direct here", choices=("direct here", "direct worker"),
+                   help="what the ratios are to")
+    p.add_argument("--contexts", default="direct here,core here,direct worker,core worker,served core,served core framed,"
                    "served process,served lazy,served thread,served plain", help="which contexts, comma-separated")
     asyncio.run(main(p.parse_args()))
