@@ -8,12 +8,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine.errors import EngineFailed, ServeError
 from engine.reasoning import reasoning_splitter
 from engine.row_text import RowText
-from engine.scheduler import Scheduler, StepOutput, StepPlan, TokenUpdate
+from engine.scheduler import Scheduler, SeqState, StepOutput, StepPlan, TokenUpdate
 from engine.stops import StopMatcher
 from engine.tools.formats import HERMES, tool_format_for
 from engine.tools.splitter import ToolCallSplitter
@@ -50,6 +50,15 @@ class Runner(Protocol):
     ) -> None: ...
     def step(self, plan: StepPlan) -> StepOutput: ...
     def reset(self) -> None: ...
+
+
+@runtime_checkable
+class LoneRunner(Protocol):
+    """A runner that can step one plain row without a plan (BatchRunner; see Core._step_alone)."""
+
+    def alone(self, seq_id: str) -> bool: ...
+    def step_alone(self) -> int: ...
+    def take_failed(self) -> dict[str, str]: ...
 
 
 class IdleWork(Protocol):
@@ -162,6 +171,7 @@ class Core:
             self._reap_aborted()
             if self.scheduler.has_work:
                 self._step_guarded()
+                self._alone_guarded(inbox, flush)
                 self._last_step = time.monotonic()
             elif self.idle_work is not None and self._idle_due() == 0.0:
                 self._idle_unit(self.idle_work)
@@ -261,6 +271,43 @@ class Core:
         for update in self.scheduler.update(plan, out):
             self._deliver_guarded(update)
         self._account(plan, started)
+
+    def _alone_guarded(self, inbox: queue.SimpleQueue[Ticket | None], flush: Callable[[], None]) -> None:
+        try:
+            self._step_alone(inbox, flush)
+        except Exception as exc:  # as in _step_guarded: a fault no row can be blamed for
+            log.exception("engine step failed")
+            self._fail_all(EngineFailed(f"generation failed: {type(exc).__name__}: {exc}"))
+
+    def _step_alone(self, inbox: queue.SimpleQueue[Ticket | None], flush: Callable[[], None]) -> None:
+        """While one plain row decodes and nothing else is asked of the engine, step it without
+        the scheduler's plan and update and the runner's step records: the same forward, sampler,
+        finish rules and delivery with less Python a token (one stream on an accelerator is bound
+        by this thread: issue 19 item 1). Back to the loop as soon as anything else is to be done:
+        a request or an abort arrives, or the row ends (its length, an end token, a stop string)."""
+        sched, lone, c = self.scheduler, self.runner, self.counters
+        seq = sched.alone()
+        # not a runner that must see every step (a sharded leader publishes each to its followers)
+        if seq is None or not isinstance(lone, LoneRunner) or not lone.alone(seq.id):
+            return
+        ticket = self.tickets.get(seq.id)
+        cap = sched.config.kv_capacity_tokens
+        while ticket is not None and not ticket.aborted.is_set() and inbox.empty():
+            started = time.perf_counter()
+            token = lone.step_alone()
+            if failed := lone.take_failed():
+                for seq_id, why in failed.items():
+                    self._fail_row(seq_id, why)
+                return
+            self._deliver_guarded(sched.advance(seq, token))
+            c.engine_steps += 1
+            c.engine_step_rows += 1
+            c.engine_step_seconds += time.perf_counter() - started
+            if cap:
+                c.kv_cache_usage_perc = round((seq.num_computed + seq.num_generated) / cap, 6)
+            flush()
+            if seq.state is not SeqState.DECODING:  # it ended, or a stop string ended it
+                return
 
     def _account(self, plan: StepPlan, started: float) -> None:
         if not (plan.decode or plan.prefill):

@@ -135,6 +135,38 @@ class BatchRunner:
             self.spec.measure(rows, allowed, drafts is not None, out, clean=not plan.prefill)
             return self._settled(out)
 
+    def alone(self, seq_id: str) -> bool:
+        """Whether `seq_id` is the batch's only row and steps plainly: nothing prefilling, no
+        speculation, no log-probabilities (what `step_alone` leaves out)."""
+        gen = self._gen
+        return (
+            len(gen.uids) == 1
+            and self._seq_of.get(gen.uids[0]) == seq_id
+            and not self._prompts
+            and not self._asks_logprobs
+            and not self.spec.rows
+        )
+
+    def step_alone(self) -> int:
+        """One plain step of the lone row (`alone` said so): `step` less its plan, drafting
+        and output records. A fault of the row's own sampler or processors is left for
+        `take_failed`."""
+        with mx.stream(generation_stream):
+            if self.lone_row:
+                self._gen.go_plain()
+            return self._gen.step_plain()[0][1]
+
+    def take_failed(self) -> dict[str, str]:
+        """The rows whose own part of the last step faulted (why), dropped from the batch now."""
+        if not self._faults:
+            return {}
+        faults = self._faults.take()
+        failed = {self._seq_of[uid]: why for uid, why in faults.items() if uid in self._seq_of}
+        if failed:
+            with mx.stream(generation_stream):
+                self._release(tuple(failed), store=False)
+        return failed
+
     def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> list[tuple[PromptProcessingBatch, list[int]]]:
         """Each row's prompt chunk, alone; the rows whose last chunk this is, to join decoding.
         A row whose chunk raises is recorded as failed and prefills no further."""
@@ -157,13 +189,9 @@ class BatchRunner:
 
     def _settled(self, out: StepOutput) -> StepOutput:
         """The step's output less the rows that faulted in it, which leave the batch now."""
-        if not self._faults:
-            return out
-        faults = self._faults.take()
-        failed = {self._seq_of[uid]: why for uid, why in faults.items() if uid in self._seq_of}
+        failed = self.take_failed()
         if not failed:
             return out
-        self._release(tuple(failed), store=False)
         return StepOutput(
             {s: t for s, t in out.tokens.items() if s not in failed},
             {s: lp for s, lp in out.logprobs.items() if s not in failed},

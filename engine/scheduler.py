@@ -278,24 +278,28 @@ class Scheduler:
             lps = logprobs.get(seq_id) if logprobs else None
             lps_each = lps if isinstance(lps, list) else (lps,) * len(tokens)
             for token, lp in zip(tokens, lps_each):
-                seq.num_generated += 1
-                finish = self._finish_reason(seq, token)
-                updates.append(
-                    TokenUpdate(
-                        seq_id,
-                        token,
-                        finish,
-                        seq.num_generated,
-                        seq.num_cached,
-                        lp,
-                        seq.drafted,
-                        seq.accepted,
-                    )
-                )
-                if finish is not None:
-                    self._retire(seq)
+                u = self.advance(seq, token, lp)
+                updates.append(u)
+                if u.finish is not None:
                     break
         return updates
+
+    def alone(self) -> Sequence | None:
+        """The one decoding sequence, when nothing else is in the scheduler: no step to plan."""
+        if len(self.decoding) == 1 and not (self.waiting or self.prefilling or self._to_release):
+            return self.decoding[0]
+        return None
+
+    def advance(self, seq: Sequence, token: int, lp: TokenLogprobs | None = None) -> TokenUpdate:
+        """A decoding sequence's next token: its update, the sequence retired if it ends there."""
+        seq.num_generated += 1
+        finish = self._finish_reason(seq, token)
+        update = TokenUpdate(
+            seq.id, token, finish, seq.num_generated, seq.num_cached, lp, seq.drafted, seq.accepted
+        )
+        if finish is not None:
+            self._retire(seq)
+        return update
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         if token in self.eos:
