@@ -171,24 +171,39 @@ def test_a_request_arriving_during_a_lone_stream_joins_within_a_step(smollm: tup
     assert runner.alone_steps >= 5 + order[last_r1 + 1 :].count("r0") - 1
 
 
-def test_an_abort_during_a_lone_stream_ends_it_within_a_step(smollm: tuple[Any, Any]) -> None:
-    core, runner = make_core(smollm)
-    tokenizer = smollm[1]
+def serve_then(
+    core: Core, first: Request, after: Request, when: Callable[[Stream], bool]
+) -> dict[str, Stream]:
+    """Serve `first`; once `when(its stream)` holds (asked at each of its events; it may act, as
+    a client that leaves does), submit `after`; return once `after` has ended."""
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
-    after = request(tokenizer, "r1", "What is 2+2?", 6)
     streams: dict[str, Stream] = {}
 
     def on_event(s: Stream, ev: Any) -> None:
-        if s.request.id == "r0" and len(s.tokens) == 5 and not s.ticket.aborted.is_set():
-            s.ticket.aborted.set()  # the client left (the engine client sets it from another thread)
-            streams["r1"] = Stream(after, on_event)
-            inbox.put(streams["r1"].ticket)
-        if s.request.id == "r1" and s.end is not None:
+        if s.request.id == first.id and after.id not in streams and when(s):
+            streams[after.id] = Stream(after, on_event)
+            inbox.put(streams[after.id].ticket)
+        if s.request.id == after.id and s.end is not None:
             inbox.put(None)
 
-    streams["r0"] = Stream(request(tokenizer, "r0", "Write a haiku about rain.", 64), on_event)
-    inbox.put(streams["r0"].ticket)
+    streams[first.id] = Stream(first, on_event)
+    inbox.put(streams[first.id].ticket)
     core.serve(inbox)
+    return streams
+
+
+def test_an_abort_during_a_lone_stream_ends_it_within_a_step(smollm: tuple[Any, Any]) -> None:
+    core, runner = make_core(smollm)
+    tokenizer = smollm[1]
+
+    def leaves_after_five(s: Stream) -> bool:
+        if len(s.tokens) < 5:
+            return False
+        s.ticket.aborted.set()  # the client left (the engine client sets it from another thread)
+        return True
+
+    first = request(tokenizer, "r0", "Write a haiku about rain.", 64)
+    streams = serve_then(core, first, request(tokenizer, "r1", "What is 2+2?", 6), leaves_after_five)
     assert len(streams["r0"].tokens) <= 6 and streams["r0"].end is None  # no more than one step late
     assert core.counters.requests_aborted == 1
     assert_greedy(streams["r1"], smollm)
@@ -224,20 +239,9 @@ def test_a_fault_in_a_lone_rows_processor_fails_it_alone(smollm: tuple[Any, Any]
     core, runner = make_core(smollm)
     runner.fault_after = 6  # its processor raises on its sixth call: in a lone step
     tokenizer = smollm[1]
-    inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
+    first = request(tokenizer, "bad", "Write a haiku about rain.", 32)
     after = request(tokenizer, "r1", "Say hello in Spanish.", 8)
-    streams: dict[str, Stream] = {}
-
-    def on_event(s: Stream, ev: Any) -> None:
-        if s.request.id == "bad" and s.end is not None:
-            streams["r1"] = Stream(after, on_event)
-            inbox.put(streams["r1"].ticket)
-        if s.request.id == "r1" and s.end is not None:
-            inbox.put(None)
-
-    streams["bad"] = Stream(request(tokenizer, "bad", "Write a haiku about rain.", 32), on_event)
-    inbox.put(streams["bad"].ticket)
-    core.serve(inbox)
+    streams = serve_then(core, first, after, lambda s: s.end is not None)
     bad = streams["bad"]
     assert isinstance(bad.end, EngineFailed) and "injected fault" in bad.end.message
     assert runner.alone_steps >= 4 and len(bad.tokens) < 32
