@@ -151,7 +151,7 @@ def blas_banner(path: Path) -> list[str]:
 def loaded_blas_libs(pid: int) -> list[str]:
     """BLAS/LAPACK libraries MLX may use, mapped into `pid` or its descendants (Linux /proc; else [])."""
     found: set[str] = set()
-    for proc in _descendants(pid):
+    for proc in descendants(pid):
         try:
             maps = Path(f"/proc/{proc}/maps").read_text()
         except OSError:
@@ -167,7 +167,7 @@ def loaded_blas_libs(pid: int) -> list[str]:
     return sorted(found)
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     pids, queue = [], [pid]
     while queue:
         current = queue.pop()

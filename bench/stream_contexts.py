@@ -29,6 +29,12 @@ only their servers start). `--reference 'direct worker'` compares processes with
 served engine runs in a child process of its own, and on the H200 `stream_generate` itself ran
 0.92x as fast in a spawned process as in the bench's main one (`h200-session14-contexts-1b-workers.txt`);
 with it, and neither `direct here` nor `core here` chosen, this process loads no model at all.
+
+`--pin CPU` (Linux) runs every decoding thread on that one CPU (the worker's main thread and each
+served engine process's, after they load) and this process, the clients and the servers' other
+threads on the other CPUs. On the H200 VMs one 1B stream's decoding thread is busy all the time,
+and its speed varies by ~1.7x between vCPUs and over time (`h200-session15-process-probe-1b.txt`):
+pinned, the contexts compare on the same CPU.
 """
 
 from __future__ import annotations
@@ -49,7 +55,15 @@ import httpx
 import orjson
 from mlx_lm.generate import stream_generate
 
-from bench.servers import ServerSpec, server_cwd, start_server, stop_server, wait_healthy, wait_warmed
+from bench.servers import (
+    ServerSpec,
+    descendants,
+    server_cwd,
+    start_server,
+    stop_server,
+    wait_healthy,
+    wait_warmed,
+)
 from bench.single_stream import MESSAGES, is_text_chunk, rate, rate_line
 from bench.speculation import load_as_served
 
@@ -128,10 +142,12 @@ def direct_stamps(model: Any, tokenizer: Any, prompt: list[int], n: int, stamp: 
     return [stamp() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)]
 
 
-def worker(conn: Any, path: str) -> None:
+def worker(conn: Any, path: str, pin: int | None = None) -> None:
     model, tokenizer = load_as_served(path)
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     as_served = served_core(model, tokenizer, path)
+    if pin is not None:  # this thread only: MLX's own threads, started above, keep theirs
+        os.sched_setaffinity(0, {pin})
     send: Callable[[Any], None] | None = None
     conn.send("ready")
     while (ask := conn.recv()) is not None:
@@ -186,7 +202,9 @@ async def main(args: argparse.Namespace) -> None:
         prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    proc = ctx.Process(target=worker, args=(there, args.model), daemon=True)
+    if args.pin is not None:  # the decoding threads get CPU `pin`; everything else the others
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - {args.pin})
+    proc = ctx.Process(target=worker, args=(there, args.model, args.pin), daemon=True)
     if any(c in chosen for c in ("direct worker", "core worker", "served core", "served core framed")):
         proc.start()
         assert here.recv() == "ready"
@@ -210,6 +228,9 @@ async def main(args: argparse.Namespace) -> None:
             servers[name] = start_server(spec, log_dir / f"{tag}.log")
             await wait_healthy(servers[name], 900)
             await wait_warmed(servers[name], 900)
+            if args.pin is not None and (pid := engine_pid(servers[name].process.pid)) is not None:
+                os.sched_setaffinity(pid, {args.pin})  # that process's main thread: the core's
+                print(f"{name}: engine process {pid}'s main thread pinned to CPU {args.pin}", flush=True)
             clients[name] = httpx.AsyncClient(base_url=servers[name].base_url, timeout=900)
         local = {
             "direct here": lambda: direct_rate(model, tokenizer, prompt, args.tokens),
@@ -254,6 +275,13 @@ async def main(args: argparse.Namespace) -> None:
         print(line, flush=True)
 
 
+def engine_pid(server_pid: int) -> int | None:
+    """The engine process under a server (multiprocessing's spawned child, not its resource
+    tracker; none with `--engine thread`). Its main thread runs the core."""
+    spawned = [p for p in descendants(server_pid)[1:] if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return spawned[0] if spawned else None
+
+
 def engine_clock(traces: dict[str, Path], order: list[str], name: str, n: int) -> list[float]:
     """Decode rates by the engine's --trace clock of the timed requests `name` sent."""
     server = "served process" if name == "served lazy" else name
@@ -273,4 +301,7 @@ if __name__ == "__main__":
                    help="what the ratios are to")
     p.add_argument("--contexts", default="direct here,core here,direct worker,core worker,served core,served core framed,"
                    "served process,served lazy,served thread,served plain", help="which contexts, comma-separated")
+    p.add_argument("--pin", type=int, default=None, metavar="CPU",
+                   help="Linux: run every decoding thread (the worker's, the served engine's) on this CPU, "
+                        "and this process (the clients) and the servers on the others")
     asyncio.run(main(p.parse_args()))
