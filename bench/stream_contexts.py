@@ -102,7 +102,7 @@ def core_stamps(
     step's events also go out as the engine process's child sends them (engine.process)."""
     import queue
 
-    from engine.core import Ticket
+    from engine.core_parts import Ticket
     from engine.process import Events
     from engine.types import Request, SamplingParams, TextDelta
 

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from engine.admission import MemoryPlan, admit
-from engine.core import Ticket
+from engine.core_parts import Ticket
 from engine.errors import EngineUnavailable, QueueFull, ServeError
 from engine.tokenizer import ChatTokenizer
 from engine.types import Event, Finished, Request

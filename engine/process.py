@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.build import LOG_FORMAT
 from engine.client import EngineClient, EngineState, RequestStream
-from engine.core import Ticket
+from engine.core_parts import Ticket
 from engine.errors import EngineFailed, ServeError
 from engine.frames import FrameReader, FrameWriter
 from engine.tokenizer import spelling_span

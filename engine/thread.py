@@ -18,7 +18,8 @@ from functools import partial
 from typing import Any
 
 from engine.client import EngineClient, EngineState, RequestStream
-from engine.core import Core, Ticket
+from engine.core import Core
+from engine.core_parts import Ticket
 from engine.errors import ServeError
 from engine.loader import LoadedModel
 from engine.tokenizer import spelling_span

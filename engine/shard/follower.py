@@ -12,7 +12,7 @@ from engine.types import Counters
 
 if TYPE_CHECKING:
     from engine.build import EngineSettings, ModelSource
-    from engine.core import PrefixLookup, Runner
+    from engine.core_parts import PrefixLookup, Runner
 
 log = logging.getLogger("mlx_serve.shard")
 

@@ -13,7 +13,8 @@ from engine.types import Counters, Request
 
 if TYPE_CHECKING:
     from engine.build import EngineSettings
-    from engine.core import Core, Runner
+    from engine.core import Core
+    from engine.core_parts import Runner
     from engine.loader import ModelSpec
 
 

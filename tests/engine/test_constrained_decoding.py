@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from engine.core import Core, Ticket
+from engine.core import Core
+from engine.core_parts import Ticket
 from engine.errors import InvalidRequest, ServeError
 from engine.runner import BatchRunner
 from engine.scheduler import Scheduler, SchedulerConfig

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from engine.core import Core, Ticket
+from engine.core import Core
+from engine.core_parts import Ticket
 from engine.errors import EngineFailed, ServeError
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.types import (

@@ -17,7 +17,8 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from engine.core import Core, Ticket
+from engine.core import Core
+from engine.core_parts import Ticket
 from engine.errors import EngineFailed, ServeError
 from engine.mlx_boundary import LogitsProcessor
 from engine.runner import BatchRunner
