@@ -27,8 +27,9 @@ round's reference is the mean of its run and the next round's, so a host that dr
 round moves the reference with it. `--contexts` runs only the named ones (the reference always;
 only their servers start). `--reference 'direct worker'` compares processes with processes: the
 served engine runs in a child process of its own, and on the H200 `stream_generate` itself ran
-0.92x as fast in a spawned process as in the bench's main one (`h200-session14-contexts-1b-workers.txt`);
-with it, and neither `direct here` nor `core here` chosen, this process loads no model at all.
+0.92x as fast in a spawned process as in the bench's main one (`h200-session14-contexts-1b-workers.txt`;
+the CPU it ran on, not the process, bench.process_probe found later); with it, and neither
+`direct here` nor `core here` chosen, this process loads no model at all.
 
 `--pin CPU` (Linux) runs every decoding thread on that one CPU (the worker's main thread and each
 served engine process's, after they load) and this process, the clients and the servers' other
