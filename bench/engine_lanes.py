@@ -22,10 +22,11 @@ import mlx.core as mx
 from bench.lone_cache import one_stream_args
 from bench.lone_stream import engine
 from bench.single_stream import MESSAGES, direct
-from engine.build import EngineSettings, make_core
+from engine.build import make_core
 from engine.core import Core
 from engine.core_parts import Ticket
 from engine.loader import ModelSpec, load_model
+from engine.settings import EngineSettings
 from engine.types import Counters, Request, SamplingParams, TextDelta
 
 _ids = itertools.count()

@@ -22,7 +22,7 @@ import time
 
 from bench.report import percentile
 from engine.frames import FrameReader, FrameWriter
-from engine.process import Events
+from engine.process_messages import Events
 from engine.types import TextDelta
 
 

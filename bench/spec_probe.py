@@ -7,7 +7,7 @@ import time
 
 from bench.speculation import Request, SamplingParams, Speculation, load, prompts, run
 from engine.runner import BatchRunner
-from engine.speculation import verify as S
+from engine.speculation import draft_model as S
 
 
 def main() -> None:

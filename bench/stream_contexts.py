@@ -82,8 +82,9 @@ def bare_core(model: Any, tokenizer: Any) -> Any:
 def served_core(model: Any, tokenizer: Any, path: str) -> Any:
     """The core the server's engine builds (engine.build.make_core, default settings: memory
     plan, prefix cache, prefill ladder, warm-up before ready; its idle work is dropped)."""
-    from engine.build import EngineSettings, make_core
+    from engine.build import make_core
     from engine.loader import LoadedModel
+    from engine.settings import EngineSettings
     from engine.types import Counters
 
     core = make_core(LoadedModel(model, tokenizer, "m", Path(path)), Counters(), EngineSettings())
@@ -104,7 +105,7 @@ def core_stamps(
     import queue
 
     from engine.core_parts import Ticket
-    from engine.process import Events
+    from engine.process_messages import Events
     from engine.types import Request, SamplingParams, TextDelta
 
     times: list[Any] = []

@@ -16,36 +16,27 @@ scheduler's budget eventually (Scheduler.can_ever_fit holds); it may wait, never
 Capacity is in KV slots: mlx-lm's generation batch pads every row to its longest row, so the
 slots a batch holds are rows × the longest row, not the sum of the rows' tokens.
 
-MLX is imported inside the measuring functions only: `admit` runs on the server side.
+MLX is imported inside the measuring functions only (engine.memory_probe, engine.memory_budget):
+`admit` runs on the server side.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 from engine.errors import ContextTooLong, InvalidRequest
+from engine.memory_budget import MemoryBudget, default_budget
+from engine.memory_probe import KvCost, ModelShape, probe_model, weights_bytes
 
-if TYPE_CHECKING:  # MLX itself is imported where it is measured (see the module note)
-    import mlx.core as mx
-
+if TYPE_CHECKING:
     from engine.mlx_boundary import Model
 
-# Leaves 30% of RAM to the OS, the server process, MLX's buffer cache and fragmentation.
-CPU_RAM_FRACTION = 0.7
-# Metal's recommended working set (or CUDA's memory) is already a device ceiling: keep 10% spare
-# for allocator fragmentation and cached buffers.
-GPU_MEMORY_FRACTION = 0.9
-CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
-KV_ALLOC_STEP = 256  # mlx_lm.models.cache.KVCache.step
 SPECULATION_MIN_HOLES = (
     32  # engine.speculation.cut_cache compacts a batch once a row holds this many cut positions
 )
-PROBE_TOKENS = 4
 # Transient of one step (see _transient): float32 logits; attention scores in the activation
 # dtype (MLX's portable SDPA materializes heads × chunk × context of them: measured on the CPU);
 # hidden- and FFN-sized activations alive at once; all times a margin for what is left out.
@@ -56,59 +47,10 @@ TRANSIENT_MARGIN = 1.25
 # A one-token prompt and one generated token: below this, no request can ever be served.
 MIN_CONTEXT_TOKENS = 2
 UNBOUNDED_TOKENS = 1 << 40  # capacity when nothing grows per token (pure state-space models)
-MAX_CONTEXT_KEYS = (
-    "max_position_embeddings",
-    "max_sequence_length",
-    "n_positions",
-    "max_seq_len",
-    "seq_length",
-    "context_length",
-    "n_ctx",
-)
 
 
 class InsufficientMemory(Exception):
     """The memory budget cannot hold the weights plus even one minimal request."""
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryBudget:
-    nbytes: int
-    source: str  # how it was chosen, for the startup banner
-
-
-@dataclass(frozen=True, slots=True)
-class KvCost:
-    """KV bytes of one sequence, split by how they grow (see the module NOTE)."""
-
-    per_token: int = 0
-    window_per_token: int = 0
-    window_full: int = 0
-    per_sequence: int = 0
-
-    def __add__(self, other: KvCost) -> KvCost:
-        return KvCost(
-            self.per_token + other.per_token,
-            self.window_per_token + other.window_per_token,
-            self.window_full + other.window_full,
-            self.per_sequence + other.per_sequence,
-        )
-
-    @property
-    def step_slack(self) -> int:
-        return (KV_ALLOC_STEP - 1) * (self.per_token + self.window_per_token)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    """What the transient estimate needs; vocab and activation dtype come from the probe."""
-
-    hidden: int
-    intermediate: int
-    heads: int
-    vocab: int
-    act_bytes: int
-    max_context: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +144,7 @@ def plan_memory(
     until compaction (engine.speculation.cut_cache: at most max(32, length / 16) a row).
     """
     budget = MemoryBudget(budget_bytes, "--memory-budget") if budget_bytes is not None else default_budget()
-    probe = _probe(model)
+    probe = probe_model(model)
     kv, shape = probe.kv, probe.shape
     weights = weights_bytes(model)
     fixed = weights + max_running * (kv.per_sequence + kv.step_slack)
@@ -296,124 +238,6 @@ def _largest(fits: Callable[[int], bool], hi: int) -> int:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
-
-
-# -- measuring ------------------------------------------------------------------------
-
-
-def weights_bytes(model: Model) -> int:
-    """Bytes of every parameter as stored (quantized weights count their packed size)."""
-    return sum(a.nbytes for a in _arrays(model.parameters()))
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    kv: KvCost
-    shape: ModelShape
-
-
-def _probe(model: Model) -> Probe:
-    """A few tokens through a fresh cache: the caches' shapes and dtypes give the KV cost."""
-    import mlx.core as mx
-
-    from engine.mlx_boundary import make_prompt_cache
-
-    # Never evaluated: MLX knows the shapes and dtypes of the lazy graph, so the probe costs no
-    # forward pass (and no memory) even for a large model on a CPU.
-    cache = make_prompt_cache(model)
-    logits = model(mx.arange(PROBE_TOKENS)[None], cache=cache)
-    kv = sum((_layer_cost(c) for c in cache), KvCost())
-    return Probe(kv, _shape(model, logits.shape[-1], logits.dtype.size))
-
-
-def _layer_cost(c: Any) -> KvCost:  # a layer of any kind, read by what it has
-    from engine import mlx_boundary as mc
-
-    if isinstance(c, mc.CacheList):
-        return sum((_layer_cost(x) for x in c.caches), KvCost())
-    if isinstance(c, mc.ArraysCache) or not hasattr(c, "keys"):
-        return KvCost(per_sequence=sum(a.nbytes for a in _arrays(c.state)))
-    per_token = _bytes_per_slot(c.keys) + _bytes_per_slot(c.values)
-    if isinstance(c, mc.RotatingKVCache | mc.BatchRotatingKVCache):
-        return KvCost(window_per_token=per_token, window_full=c.max_size * per_token)
-    if isinstance(c, mc.ChunkedKVCache):
-        return KvCost(window_per_token=per_token, window_full=(c.chunk_size + KV_ALLOC_STEP) * per_token)
-    return KvCost(per_token=per_token)
-
-
-def _bytes_per_slot(x: object) -> int:
-    # Keys/values are (batch=1, heads, slots, dim), or a tuple of such for quantized caches;
-    # dividing by the allocated slots skips the 256-slot preallocation.
-    return sum(a.nbytes // a.shape[-2] for a in _arrays(x) if a.ndim >= 2)
-
-
-def _arrays(tree: object) -> list[mx.array]:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    flat = cast("list[tuple[str, object]]", tree_flatten(tree, destination=[]))
-    return [a for _, a in flat if isinstance(a, mx.array)]
-
-
-def _shape(model: Model, vocab: int, act_bytes: int) -> ModelShape:
-    hidden = _arg(model, "hidden_size", "d_model", "n_embd", "dim") or 8192
-    inter = max(
-        _arg(model, "intermediate_size", "ffn_dim", "n_inner", "hidden_dim") or 4 * hidden,
-        (_arg(model, "moe_intermediate_size") or 0) * (_arg(model, "num_experts_per_tok") or 1),
-    )
-    heads = _arg(model, "num_attention_heads", "n_heads", "n_head", "num_heads") or 64
-    return ModelShape(hidden, inter, heads, vocab, act_bytes, _arg(model, *MAX_CONTEXT_KEYS))
-
-
-def _arg(model: Model, *names: str) -> int | None:
-    """The first positive integer setting by these names in the model's args (or text_config)."""
-    args = getattr(model, "args", None)
-    text = getattr(args, "text_config", None)
-    for source in (args, text):
-        for name in names:
-            value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
-            if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-                value = max(value)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
-# -- the budget -------------------------------------------------------------------------
-
-
-def default_budget() -> MemoryBudget:
-    """A safe share of what the default device can hold (see the *_FRACTION constants)."""
-    import mlx.core as mx
-
-    if mx.default_device().type == mx.DeviceType.gpu:
-        info = mx.device_info()
-        working_set = info.get("max_recommended_working_set_size")
-        if isinstance(working_set, int) and working_set > 0:
-            return MemoryBudget(
-                int(GPU_MEMORY_FRACTION * working_set),
-                f"{GPU_MEMORY_FRACTION:.0%} of Metal's recommended working set",
-            )
-        total, free = info.get("total_memory"), info.get("free_memory")
-        if isinstance(total, int) and total > 0:
-            # A shared GPU: what is free now plus what this process already holds.
-            ours = mx.get_active_memory() + mx.get_cache_memory()
-            usable = min(total, free + ours) if isinstance(free, int) else total
-            return MemoryBudget(int(GPU_MEMORY_FRACTION * usable), f"{GPU_MEMORY_FRACTION:.0%} of GPU memory")
-    return MemoryBudget(int(CPU_RAM_FRACTION * total_ram_bytes()), f"{CPU_RAM_FRACTION:.0%} of RAM")
-
-
-def total_ram_bytes() -> int:
-    """Physical RAM, or the container's memory limit when that is lower."""
-    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    for name in CGROUP_LIMIT_FILES:
-        try:
-            text = Path(name).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            ram = min(ram, int(text))
-    return ram
 
 
 def _fmt(n: int) -> str:

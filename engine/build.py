@@ -6,12 +6,12 @@ Inside, the same pieces for either host: scheduler, runner, prefix cache, core.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from engine.client import EngineClient
 from engine.core import Core
 from engine.loader import LoadedModel, ModelSpec, load_model
+from engine.settings import EngineSettings, ModelSource
 from engine.types import Counters
 
 if TYPE_CHECKING:
@@ -37,69 +37,6 @@ def tool_call_parsers() -> list[str]:
     from engine.tools.formats import parser_names
 
     return list(parser_names())
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSettings:
-    """The engine's knobs, picklable so a child process can rebuild the same engine."""
-
-    max_running: int | None = None  # rows decoded together; None: what the memory plan fits (≤256)
-    max_prefilling: int = 8
-    token_budget: int = 2048
-    max_waiting: int = 64
-    prompt_cache_size: int = 10
-    prompt_cache_bytes: int | None = None
-    seed: int | None = None
-    memory_budget_bytes: int | None = None
-    max_context: int | None = None
-    draft_kind: str | None = None  # speculative decoding: "ngram", "draft" (a draft model) or None
-    num_draft_tokens: int = 3
-    speculation_gated: bool = (
-        True  # speculate only where it measures faster; False: whenever rows have drafts
-    )
-    draft_spec: ModelSpec | None = None
-    tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
-    shard: str | None = None  # "tensor" or "pipeline": one model over an mlx.launch group (engine.shard)
-    warmup: bool = True  # compile the usual kernel shapes: some before ready, the rest while idle (GPU)
-
-    @property
-    def capacity(self) -> int:
-        """Calls that may be in flight at once: running rows plus the waiting queue (until the
-        engine reports its memory plan, whose rows then size the Gate: `Gate.size`)."""
-        from engine.admission import MAX_ROWS_FROM_MEMORY
-
-        return (self.max_running or MAX_ROWS_FROM_MEMORY) + self.max_waiting
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSource:
-    """Which model to serve and how to load it (the server's --model and its neighbours)."""
-
-    model: str | None = None  # a folder, a .gguf, a Hub id, a shortcut name; None: the default
-    adapter_path: str | None = None
-    chat_template: str = ""
-    trust_remote_code: bool = False
-    dequantize: str = "auto"
-    draft_model: str | None = None
-    host: str = "process"  # "process": a restartable child process; "thread": in this process
-
-    def model_spec(self) -> ModelSpec:
-        from engine.loader import prepare
-
-        return prepare(
-            self.model,
-            adapter_path=self.adapter_path,
-            chat_template=self.chat_template,
-            trust_remote_code=self.trust_remote_code,
-            dequantize=self.dequantize,
-        )
-
-    def draft_spec(self) -> ModelSpec | None:
-        from engine.loader import prepare
-
-        if not self.draft_model:
-            return None
-        return prepare(self.draft_model, trust_remote_code=self.trust_remote_code, dequantize=self.dequantize)
 
 
 def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
@@ -144,7 +81,8 @@ def plan_engine_memory(
 ) -> MemoryPlan:
     """The memory plan for these settings; with no --decode-concurrency, for as many rows as it
     fits (up to 256, and as many as one step's token budget decodes at 1 + γ tokens a row)."""
-    from engine.admission import MAX_ROWS_FROM_MEMORY, plan_memory, plan_rows, weights_bytes
+    from engine.admission import MAX_ROWS_FROM_MEMORY, plan_memory, plan_rows
+    from engine.memory_probe import weights_bytes
 
     budget = settings.memory_budget_bytes
     if draft is not None and budget is not None:

@@ -1,4 +1,7 @@
-"""The engine's owner-thread loop: tickets in, scheduler/runner steps, events out."""
+"""The engine's owner-thread loop: tickets in, scheduler/runner steps, events out.
+
+A request's bookkeeping around its tokens (accept, start, fail, drop): engine.request_lifecycle.
+"""
 
 from __future__ import annotations
 
@@ -9,32 +12,27 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from engine.core_parts import Clock, IdleWork, LoneRunner, PrefixLookup, Runner, Ticket
-from engine.errors import EngineFailed, ServeError
-from engine.reasoning import reasoning_splitter
-from engine.row_text import RowText
-from engine.scheduler import Scheduler, SeqState, StepPlan, TokenUpdate
-from engine.stops import StopMatcher
-from engine.tools.formats import HERMES, tool_format_for
-from engine.tools.splitter import ToolCallSplitter
+from engine.core_parts import IdleWork, LoneRunner, PrefixLookup, Runner, Ticket
+from engine.errors import EngineFailed
+from engine.request_lifecycle import RequestLifecycle
+from engine.scheduler import Scheduler, SeqState
+from engine.step_records import StepPlan, TokenUpdate
 from engine.types import (
     Counters,
     Finished,
     FinishReason,
-    Request,
     TokenLogprob,
     Usage,
 )
 
 if TYPE_CHECKING:  # the core itself imports no MLX: the runner holds it
     from engine.admission import MemoryPlan
-    from engine.grammar import Constraint, GrammarTokenizer
-    from engine.mlx_boundary import CacheLayer, Tokenizer
+    from engine.mlx_boundary import Tokenizer
 
 log = logging.getLogger("mlx_serve.engine")
 
 
-class Core:
+class Core(RequestLifecycle):
     """Runs on the MLX owner thread until the inbox yields None."""
 
     def __init__(
@@ -46,18 +44,7 @@ class Core:
         prefix_cache: PrefixLookup | None = None,
         tool_parser: str | None = None,
     ) -> None:
-        self.scheduler = scheduler
-        self.runner = runner
-        self.tokenizer = tokenizer
-        self.counters = counters
-        self.prefix_cache = prefix_cache
-        self.tickets: dict[str, Ticket] = {}
-        self.texts: dict[str, RowText] = {}
-        self.clocks: dict[str, Clock] = {}
-        self.tool_format = tool_format_for(tokenizer, tool_parser)
-        self._prefixes: dict[str, tuple[list[CacheLayer] | None, int]] = {}
-        self._constraints: dict[str, Constraint] = {}  # grammar state of constrained requests, by id
-        self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
+        super().__init__(scheduler, runner, tokenizer, counters, prefix_cache, tool_parser)
         self.memory_plan: MemoryPlan | None = None  # the admission plan this core was sized by, if any
         # Work done only while no request is in the engine, one unit per pass of the loop (the
         # GPU warm-up: engine.warmup), so a request that arrives waits for one unit at most; and
@@ -66,14 +53,6 @@ class Core:
         self.idle_work: IdleWork | None = None
         self.idle_after_s = 1.0
         self._last_step = time.monotonic()
-        scheduler.cached_prefix = self._lookup_prefix
-
-    def _lookup_prefix(self, request: Request) -> int:
-        if self.prefix_cache is None:
-            return 0
-        found = self.prefix_cache.lookup(request.prompt_tokens)
-        self._prefixes[request.id] = found
-        return found[1]
 
     def serve(
         self, inbox: queue.SimpleQueue[Ticket | None], flush: Callable[[], None] = lambda: None
@@ -123,50 +102,6 @@ class Core:
         if cap:
             held = sum(s.num_computed + s.num_generated for s in (*sched.prefilling, *sched.decoding))
             c.kv_cache_usage_perc = round(held / cap, 6)
-
-    def _accept_guarded(self, ticket: Ticket) -> None:
-        try:
-            self._accept(ticket)
-        except Exception as exc:  # a bug for this request alone: it fails, the loop serves on
-            log.exception("accepting request %s failed", ticket.request.id)
-            self.tickets.pop(ticket.request.id, None)
-            self.scheduler.abort(ticket.request.id)
-            ticket.emit(EngineFailed(f"generation failed: {type(exc).__name__}: {exc}"))
-            self.counters.requests_failed += 1
-
-    def _accept(self, ticket: Ticket) -> None:
-        if ticket.aborted.is_set():
-            self.counters.requests_aborted += 1
-            return
-        try:
-            constraint = self._constraint(ticket.request)
-            self.scheduler.add(ticket.request)
-        except ServeError as exc:
-            ticket.emit(exc)
-            return
-        self.tickets[ticket.request.id] = ticket
-        self.clocks[ticket.request.id] = Clock(time.perf_counter())
-        if constraint is not None:
-            self._constraints[ticket.request.id] = constraint
-
-    def _constraint(self, request: Request) -> Constraint | None:
-        """The request's grammar as a fresh matcher (InvalidRequest if it does not compile)."""
-        if request.grammar is None:
-            return None
-        if self._grammar_tokenizer is None:
-            from engine.grammar import GrammarTokenizer  # llguidance loads only when used
-
-            self._grammar_tokenizer = GrammarTokenizer(self.tokenizer)
-        return self._grammar_tokenizer.constraint(request.grammar)
-
-    def _reap_aborted(self) -> None:
-        for seq_id in [s for s, t in self.tickets.items() if t.aborted.is_set()]:
-            try:
-                self.scheduler.abort(seq_id)
-            except Exception:  # never let one row's bookkeeping take the loop down
-                log.exception("dropping aborted request %s failed", seq_id)
-            self._drop(seq_id)
-            self.counters.requests_aborted += 1
 
     def _step_guarded(self) -> None:
         try:
@@ -247,48 +182,12 @@ class Core:
             c.engine_join_steps += 1
             c.engine_join_step_seconds += took
 
-    def _start_guarded(self, seq_id: str, now: float) -> None:
-        try:
-            self._start(seq_id, now)
-        except Exception as exc:
-            log.exception("starting request %s failed (only it is ended)", seq_id)
-            self.texts.pop(seq_id, None)
-            self._fail_row(seq_id, f"{type(exc).__name__}: {exc}")
-
     def _deliver_guarded(self, update: TokenUpdate) -> None:
         try:
             self._deliver(update)
         except Exception as exc:  # detokenizing, stop strings, tool-call parsing: this row's own
             log.exception("delivering a token of request %s failed (only it is ended)", update.seq_id)
             self._fail_row(update.seq_id, f"{type(exc).__name__}: {exc}")
-
-    def _fail_row(self, seq_id: str, why: str) -> None:
-        """End one request with an error; the batch and every other row carry on."""
-        self.scheduler.abort(seq_id)  # its runner row is released next step (if it is not gone)
-        ticket = self.tickets.get(seq_id)
-        if ticket is not None:
-            ticket.emit(EngineFailed(f"generation failed: {why}"))
-            self.counters.requests_failed += 1
-        self._drop(seq_id)
-
-    def _start(self, seq_id: str, now: float) -> None:
-        if (clock := self.clocks.get(seq_id)) is not None:
-            clock.admitted = now
-        seq = self.scheduler.get(seq_id)
-        assert seq is not None
-        cache, _ = self._prefixes.pop(seq_id, (None, 0))
-        request = seq.request
-        self.runner.admit(request, cache, seq.num_cached, self._constraints.pop(seq_id, None))
-        fmt = HERMES if request.forced_tool_calls else self.tool_format
-        splitter = ToolCallSplitter(fmt, request.tools) if request.tools else None
-        # A grammar shapes the answer from its first token: there is no reasoning to split off.
-        reasoning = None if request.grammar else reasoning_splitter(self.tokenizer, request.prompt_tokens)
-        self.texts[seq_id] = RowText(
-            self.tokenizer.detokenizer, StopMatcher(request.stop), splitter, reasoning
-        )
-        self.counters.requests_started += 1
-        self.counters.prompt_tokens += seq.prompt_len
-        self.counters.prefill_tokens += seq.prompt_len - seq.num_cached
 
     def _deliver(self, u: TokenUpdate) -> None:
         ticket, text = self.tickets.get(u.seq_id), self.texts.get(u.seq_id)
@@ -335,23 +234,3 @@ class Core:
         decode = self.tokenizer.decode
         alternatives = tuple((decode([t]), v) for t, v in top if v > float("-inf"))  # not grammar-forbidden
         return TokenLogprob(decode([u.token]), lp, alternatives)
-
-    def _drop(self, seq_id: str) -> None:
-        self.clocks.pop(seq_id, None)
-        self.tickets.pop(seq_id, None)
-        self.texts.pop(seq_id, None)
-        self._constraints.pop(seq_id, None)
-
-    def _fail_all(self, exc: ServeError) -> None:
-        """A fault no row can be blamed for: fail every request the runner held (whether or
-        not its row had started), rebuild the runner; those still waiting keep their place."""
-        sched = self.scheduler
-        held = [s.id for s in (*sched.prefilling, *sched.decoding)]
-        for seq_id in dict.fromkeys([*held, *self.texts]):
-            sched.abort(seq_id)
-            if (ticket := self.tickets.get(seq_id)) is not None:
-                ticket.emit(exc)
-                self.counters.requests_failed += 1
-            self._drop(seq_id)
-        sched.take_releases()  # the runner is rebuilt below, rows and all
-        self.runner.reset()

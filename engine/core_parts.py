@@ -14,7 +14,7 @@ from engine.types import EngineTimings, Event, Request
 
 if TYPE_CHECKING:
     from engine.mlx_boundary import CacheLayer, LogitsProcessor
-    from engine.scheduler import StepOutput, StepPlan
+    from engine.step_records import StepOutput, StepPlan
 
 
 class PrefixLookup(Protocol):

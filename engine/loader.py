@@ -241,7 +241,7 @@ def maybe_dequantize(model: Any, choice: str = "auto") -> Any:
     if choice == "auto":
         if mx.default_device() != mx.cpu:
             return model
-        from engine.admission import total_ram_bytes
+        from engine.memory_budget import total_ram_bytes
 
         if float32_bytes(model) > DEQUANTIZE_RAM_FRACTION * total_ram_bytes():
             return model

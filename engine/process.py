@@ -12,59 +12,20 @@ import asyncio
 import itertools
 import logging
 import multiprocessing as mp
-import queue
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from engine.build import LOG_FORMAT
 from engine.client import EngineClient, EngineState, RequestStream
-from engine.core_parts import Ticket
 from engine.errors import EngineFailed, ServeError
-from engine.frames import FrameReader, FrameWriter
+from engine.frames import FrameReader
+from engine.process_child import serve_child
+from engine.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
 from engine.tokenizer import spelling_span
-from engine.types import Counters, Event, Finished, Request
+from engine.types import Finished
 
 log = logging.getLogger("mlx_serve.engine")
-
-
-@dataclass(frozen=True, slots=True)
-class Submit:
-    request: Request
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    request_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class StatsQuery:
-    nonce: int
-
-
-@dataclass(frozen=True, slots=True)
-class Ready:
-    pid: int
-    info: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Events:
-    items: list[tuple[str, Event | ServeError]]
-
-
-@dataclass(frozen=True, slots=True)
-class Stats:
-    nonce: int
-    counters: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class LoadFailed:
-    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,70 +266,3 @@ class ProcessEngine(EngineClient):
         self.restarts += 1
         self.state, self.error = EngineState.LOADING, f"engine process died (exit code {exitcode})"
         self._spawn()
-
-
-# -- the child side ------------------------------------------------------------------------
-
-
-def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...], log_level: int = logging.INFO) -> None:
-    """Entry point of the engine process: build the core, then serve the pipe until EOF."""
-    logging.basicConfig(level=log_level, format=LOG_FORMAT)
-    counters = Counters()
-    try:
-        core, info = build(counters, *build_args)
-    except Exception as exc:
-        logging.getLogger("mlx_serve.engine").debug("load failed", exc_info=True)
-        FrameWriter(conn.fileno()).send(LoadFailed(f"cannot load the model: {type(exc).__name__}: {exc}"))
-        return
-    inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
-    outbox: list[tuple[str, Event | ServeError]] = []
-    tickets: dict[str, Ticket] = {}
-    send = FrameWriter(conn.fileno()).send
-
-    def flush() -> None:
-        if outbox:
-            items = outbox[:]
-            del outbox[:]
-            send(Events(items))
-
-    def emitter(rid: str) -> Any:
-        def emit(ev: Event | ServeError) -> None:
-            outbox.append((rid, ev))
-            if isinstance(ev, (Finished, ServeError)):
-                tickets.pop(rid, None)
-
-        return emit
-
-    threading.Thread(
-        target=_child_reader, args=(conn, inbox, tickets, emitter, send, counters), daemon=True
-    ).start()
-    import os
-
-    send(Ready(os.getpid(), info))
-    core.serve(inbox, flush)
-
-
-def _child_reader(
-    conn: Any,
-    inbox: queue.SimpleQueue[Ticket | None],
-    tickets: dict[str, Ticket],
-    emitter: Any,
-    send: Any,
-    counters: Counters,
-) -> None:
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            inbox.put(None)
-            return
-        if isinstance(message, Submit):
-            rid = message.request.id
-            tickets[rid] = Ticket(message.request, emitter(rid))
-            inbox.put(tickets[rid])
-        elif isinstance(message, Abort):
-            ticket = tickets.pop(message.request_id, None)
-            if ticket is not None:
-                ticket.aborted.set()
-        elif isinstance(message, StatsQuery):
-            send(Stats(message.nonce, {**asdict(counters), "at": time.time()}))

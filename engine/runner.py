@@ -3,7 +3,8 @@
 Each admitted sequence is prefilled alone, chunk by chunk, in its own KV cache (so its prompt
 numerics are those of a lone request); on its last chunk it joins the running generation
 batch, whose caches are mlx-lm's left-padded batch caches (plain KV caches while one row steps
-alone: engine.lone_row). Leaving is a filter of that batch.
+alone: engine.lone_row). Leaving is a filter of that batch. Admission and the chunks before the
+last: engine.prompt_rows.
 mlx-lm's GenerationBatch pipelines: the next step's forward is queued before the current
 step's tokens are read, so Python bookkeeping overlaps the accelerator; rows leave without
 reading the batch's padding back (engine.batch_padding), so that overlap holds when they do.
@@ -11,36 +12,22 @@ reading the batch's padding back (engine.batch_padding), so that overlap holds w
 
 from __future__ import annotations
 
-import itertools
 from typing import cast
 
 import mlx.core as mx
 
 import engine.batch_padding  # noqa: F401 - batch caches keep their padding on the host too
-from engine.mlx_boundary import (
-    CacheLayer,
-    LogitsProcessor,
-    Model,
-    PromptProcessingBatch,
-    StopSequences,
-    generation_stream,
-    greedy_sampler,
-    make_prompt_cache,
-)
+from engine.mlx_boundary import Model, PromptProcessingBatch, generation_stream
 from engine.prefill import join_batches, prefill_width, prompt_lazily
 from engine.prefix_cache import PrefixCache
-from engine.row_guard import RowFaults, fenced_processor, fenced_sampler
-from engine.sampling import make_row_processors, make_row_sampler
-from engine.scheduler import PrefillChunk, StepOutput, StepPlan, TokenLogprobs
+from engine.prompt_rows import PromptRows
 from engine.speculation.drafting import Draft
 from engine.speculation.rows import SpeculatingRows, Speculation
 from engine.speculation.verify import empty_batch
-from engine.types import Request
-
-NO_LIMIT = 1 << 40  # the scheduler decides when a row ends, not mlx-lm
+from engine.step_records import StepOutput, StepPlan, TokenLogprobs
 
 
-class BatchRunner:
+class BatchRunner(PromptRows):
     """Owns the KV caches and the model calls. Called only from the engine's owner thread."""
 
     def __init__(
@@ -54,7 +41,7 @@ class BatchRunner:
         bucket_prefill: bool = False,
         separate_prefill: bool = False,
     ) -> None:
-        self.model = model
+        super().__init__(model, prefill_step_size, prefix_cache)
         self.lone_row = lone_row  # a lone row steps on plain KV caches (off: only to bench the difference)
         # Joining rows' prompts padded to prefill_width: for a backend that builds kernels for
         # each new shape (engine.build.builds_per_shape)
@@ -63,52 +50,9 @@ class BatchRunner:
         # model's collectives must run in the same order on every rank, and one graph holding
         # both forwards does not promise that (a pipeline group's ranks diverged)
         self.separate_prefill = separate_prefill
-        self.prefill_step_size = prefill_step_size
-        self.prefix_cache = prefix_cache
         self.speculation = speculation or Speculation()
         self.spec = SpeculatingRows(model, self.speculation, prefill_step_size)
-        self._uids = itertools.count()
-        self._uid_of: dict[str, int] = {}
-        self._seq_of: dict[int, str] = {}
-        self._requests: dict[str, Request] = {}
-        self._asks_logprobs: set[str] = set()  # rows whose requests asked for log-probabilities
-        self._prompts: dict[str, PromptProcessingBatch] = {}
         self._gen = empty_batch(model, self.spec.draft_rows)
-        self._no_stops = StopSequences()
-        self._faults = RowFaults()
-
-    def admit(
-        self,
-        request: Request,
-        cache: list[CacheLayer] | None = None,
-        num_cached: int = 0,
-        constraint: LogitsProcessor | None = None,
-    ) -> None:
-        """Queue a row for prefill; `constraint` (its grammar) masks its logits after the rest.
-        Nothing is kept when it raises: the row was never admitted."""
-        uid = next(self._uids)
-        processors = make_row_processors(request.sampling)
-        if constraint is not None:
-            processors.append(constraint)
-        with mx.stream(generation_stream):  # merging a cached prefix's caches: on the step's stream
-            prompt = PromptProcessingBatch(
-                self.model,
-                [uid],
-                [cache if cache is not None else make_prompt_cache(self.model)],
-                tokens=[list(request.prompt_tokens[:num_cached])],
-                prefill_step_size=self.prefill_step_size,
-                samplers=[fenced_sampler(make_row_sampler(request.sampling), uid, self._faults)],
-                fallback_sampler=greedy_sampler,
-                logits_processors=[[fenced_processor(p, uid, self._faults) for p in processors]],
-                stop_sequences=[self._no_stops],
-                max_tokens=[NO_LIMIT],
-            )
-        self.spec.admit(request)  # the last step that may raise
-        self._uid_of[request.id], self._seq_of[uid] = uid, request.id
-        self._requests[request.id] = request
-        self._prompts[request.id] = prompt
-        if request.logprobs is not None:
-            self._asks_logprobs.add(request.id)
 
     def step(self, plan: StepPlan) -> StepOutput:
         with mx.stream(generation_stream):
@@ -166,26 +110,6 @@ class BatchRunner:
             with mx.stream(generation_stream):
                 self._release(tuple(failed), store=False)
         return failed
-
-    def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> list[tuple[PromptProcessingBatch, list[int]]]:
-        """Each row's prompt chunk, alone; the rows whose last chunk this is, to join decoding.
-        A row whose chunk raises is recorded as failed and prefills no further."""
-        finals: list[tuple[PromptProcessingBatch, list[int]]] = []
-        for chunk in chunks:
-            request, batch = self._requests[chunk.seq_id], self._prompts[chunk.seq_id]
-            tokens = list(request.prompt_tokens[chunk.start : chunk.end])
-            try:
-                if not chunk.final:
-                    batch.prompt([tokens])
-                    continue
-                if request.share_prompt:
-                    tokens = self._leave_prompt(batch, tokens)
-            except Exception as exc:  # noqa: BLE001 - recorded and logged: the row fails alone
-                self._faults.record(batch.uids[0], exc, "prompt processing")
-                continue
-            finals.append((batch, tokens))
-            del self._prompts[chunk.seq_id]
-        return finals
 
     def _settled(self, out: StepOutput) -> StepOutput:
         """The step's output less the rows that faulted in it, which leave the batch now."""
@@ -261,20 +185,6 @@ class BatchRunner:
         if self.spec.draft_rows is not None:
             rows = len(self._gen)
             self.spec.draft_rows.prefill(prompts, [self.spec.mirrors(s, rows) for s in seq_ids])
-
-    def _leave_prompt(self, batch: PromptProcessingBatch, tokens: list[int]) -> list[int]:
-        """Prefill all but the last prompt token and leave that KV for the sibling choices."""
-        if len(tokens) > 1:
-            batch.prompt([tokens[:-1]])
-        self._keep_prefilled(batch)
-        return tokens[-1:]
-
-    def _keep_prefilled(self, prompt: PromptProcessingBatch) -> None:
-        """Leave what a row's prompt batch has computed in the prefix cache: for sibling choices
-        (above), and for a row that leaves mid-prefill (its client gave up, as Codex does after 5
-        minutes without an event), so the same prompt sent again resumes where it stopped."""
-        if self.prefix_cache is not None and len(prompt.tokens[0]) > 0:
-            self.prefix_cache.store(list(prompt.tokens[0]), prompt.extract_cache(0))
 
     def _release(self, seq_ids: tuple[str, ...], store: bool = True) -> None:
         if not seq_ids:

@@ -10,7 +10,8 @@ evicted for room: it waits until room frees up. How many may wait is not decided
 engine client's Gate bounds running plus waiting before a request is accepted (429 before any
 byte), so a request the scheduler is given always runs.
 
-Drive it as `plan = schedule()`, `out = runner.step(plan)`, `updates = update(plan, out)`.
+Drive it as `plan = schedule()`, `out = runner.step(plan)`, `updates = update(plan, out)`
+(those records: engine.step_records).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import enum
 import itertools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.errors import ContextTooLong, InvalidRequest
+from engine.step_records import PrefillChunk, StepOutput, StepPlan, TokenLogprobs, TokenUpdate
 from engine.types import FinishReason, Request
 
 
@@ -55,56 +57,6 @@ class Sequence:
     def kv_tokens(self) -> int:
         """KV slots this sequence may come to hold: its prompt plus every token it may write."""
         return self.prompt_len + self.request.max_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillChunk:
-    seq_id: str
-    start: int
-    end: int
-    final: bool
-
-
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    prefill: tuple[PrefillChunk, ...] = ()
-    decode: tuple[str, ...] = ()
-    release: tuple[str, ...] = ()
-    admitted: tuple[str, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not (self.prefill or self.decode or self.release)
-
-
-TokenLogprobs = tuple[float, tuple[tuple[int, float], ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    """Tokens sampled this step, by sequence: decoding rows and rows that just joined.
-    A speculating row may emit several tokens in one step (a tuple, in order)."""
-
-    tokens: dict[str, int | tuple[int, ...]] = field(default_factory=dict)
-    # For rows that asked: (the token's log-probability, top (id, log-probability) pairs);
-    # a list of those for a row that emitted several tokens.
-    logprobs: dict[str, TokenLogprobs | list[TokenLogprobs]] = field(default_factory=dict)
-    # Speculating rows: (draft tokens verified, draft tokens accepted) this step.
-    speculation: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # Rows whose own part of the step raised (why): the runner has dropped them; they fail alone.
-    failed: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(slots=True)  # not frozen: one is made per row per token, and a frozen one costs 5x to make
-class TokenUpdate:
-    seq_id: str
-    token: int
-    finish: FinishReason | None
-    num_generated: int
-    num_cached: int
-    logprobs: TokenLogprobs | None = None
-    drafted: int = 0  # this sequence's speculation so far: draft tokens verified and accepted
-    accepted: int = 0
 
 
 @dataclass(slots=True)

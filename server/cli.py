@@ -13,8 +13,8 @@ from server.config import Config, load_config
 log = logging.getLogger("mlx_serve")
 
 if TYPE_CHECKING:  # the engine is imported only once the flags are read (fast --help)
-    from engine.build import EngineSettings, ModelSource
     from engine.client import EngineClient
+    from engine.settings import EngineSettings, ModelSource
     from protocols.contract import ASGIApp
     from server.app import App
     from server.observe import TraceWriter
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def engine_settings(config: Config) -> EngineSettings:
-    from engine.build import EngineSettings
+    from engine.settings import EngineSettings
 
     return EngineSettings(
         max_running=(
@@ -73,7 +73,7 @@ def engine_settings(config: Config) -> EngineSettings:
 
 
 def model_source(config: Config) -> ModelSource:
-    from engine.build import ModelSource
+    from engine.settings import ModelSource
 
     return ModelSource(
         model=config.model,

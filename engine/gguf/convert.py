@@ -34,7 +34,8 @@ from engine.gguf.tensors import (
     map_rows,
     unpermute_rope_rows,
 )
-from engine.gguf.tokenizer import eos_token_ids, write_tokenizer
+from engine.gguf.tokenizer import write_tokenizer
+from engine.gguf.vocab import eos_token_ids
 
 # Bump whenever the folder's contents would change for the same GGUF file.
 CONVERTER_VERSION = 3

@@ -14,7 +14,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from engine.scheduler import StepOutput, StepPlan
+from engine.step_records import StepOutput, StepPlan
 from engine.types import Request
 
 HEADER_BYTES = 4096

@@ -11,8 +11,8 @@ from engine.shard.channel import Admit, Channel, Message, Reset, Step, checksum
 from engine.types import Counters
 
 if TYPE_CHECKING:
-    from engine.build import EngineSettings, ModelSource
     from engine.core_parts import PrefixLookup, Runner
+    from engine.settings import EngineSettings, ModelSource
 
 log = logging.getLogger("mlx_serve.shard")
 

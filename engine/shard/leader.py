@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.scheduler import StepOutput, StepPlan
 from engine.shard import GROUP_LOST_EXIT
 from engine.shard.channel import Admit, Channel, Message, Reset, Step, checksum
 from engine.shard.watch import print_and_exit
+from engine.step_records import StepOutput, StepPlan
 from engine.types import Counters, Request
 
 if TYPE_CHECKING:
-    from engine.build import EngineSettings
     from engine.core import Core
     from engine.core_parts import Runner
     from engine.loader import ModelSpec
+    from engine.settings import EngineSettings
 
 
 class LeaderRunner:

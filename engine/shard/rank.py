@@ -10,8 +10,8 @@ from engine.shard import GROUP_LOST_EXIT, ShardMode, ShardRefused
 from engine.types import Counters
 
 if TYPE_CHECKING:
-    from engine.build import EngineSettings
     from engine.core import Core
+    from engine.settings import EngineSettings
     from engine.shard.channel import Channel
 
 

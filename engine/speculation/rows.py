@@ -12,21 +12,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine.admission import weights_bytes
+from engine.memory_probe import weights_bytes
 from engine.mlx_boundary import Model
 from engine.row_guard import RowFaults
-from engine.scheduler import StepOutput
-from engine.speculation.drafting import (
-    PREDICTION_K,
-    TYPICAL_ACCEPTANCE,
-    Draft,
-    PredictionLookup,
-    PromptLookup,
-    RowSpeculation,
-    SpeculationGate,
-    breakeven_acceptance,
-)
-from engine.speculation.verify import DraftRows, SpecBatch, can_speculate
+from engine.speculation.draft_model import DraftRows
+from engine.speculation.drafting import PREDICTION_K, Draft, PredictionLookup, PromptLookup, RowSpeculation
+from engine.speculation.gate import TYPICAL_ACCEPTANCE, SpeculationGate, breakeven_acceptance
+from engine.speculation.verify import SpecBatch, can_speculate
+from engine.step_records import StepOutput
 from engine.types import Request
 
 

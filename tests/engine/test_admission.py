@@ -10,22 +10,19 @@ from mlx_lm.models import gemma3_text, llama, mamba
 from mlx_lm.models.cache import QuantizedKVCache
 
 from engine.admission import (
-    KV_ALLOC_STEP,
     MAX_ROWS_FROM_MEMORY,
     ROW_SHARE_TOKENS,
     Admission,
     InsufficientMemory,
-    KvCost,
     MemoryPlan,
     admit,
-    default_budget,
     plan_memory,
     plan_rows,
     rows_that_fit,
-    total_ram_bytes,
-    weights_bytes,
 )
 from engine.errors import ContextTooLong, InvalidRequest
+from engine.memory_budget import default_budget, total_ram_bytes
+from engine.memory_probe import KV_ALLOC_STEP, KvCost, weights_bytes
 
 MIB = 1 << 20
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 2, 64, 4, 2, 128, 256

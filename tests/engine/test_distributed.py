@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from engine.scheduler import PrefillChunk, StepOutput, StepPlan
 from engine.shard import GROUP_LOST_EXIT, ShardMode, ShardRefused, group_lost_message
 from engine.shard.channel import HEADER_BYTES, Admit, Channel, Message, Reset, Step, checksum
 from engine.shard.follower import Diverged, Follower
 from engine.shard.leader import LeaderRunner
+from engine.step_records import PrefillChunk, StepOutput, StepPlan
 from engine.types import Request
 
 

@@ -8,15 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.scheduler import (
-    PrefillChunk,
-    Scheduler,
-    SchedulerConfig,
-    SeqState,
-    StepOutput,
-    StepPlan,
-    TokenUpdate,
-)
+from engine.scheduler import Scheduler, SchedulerConfig, SeqState
+from engine.step_records import PrefillChunk, StepOutput, StepPlan, TokenUpdate
 from engine.types import FinishReason, Request
 
 EOS = 0

@@ -10,7 +10,8 @@ from typing import Any
 
 from engine.core import Core
 from engine.loader import LoadedModel
-from engine.scheduler import Scheduler, SchedulerConfig, StepOutput, StepPlan
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.step_records import StepOutput, StepPlan
 from engine.thread import ThreadEngine
 from engine.types import Counters, Request
 from tests.support.byte_tokenizer import byte_tokenizer

@@ -20,7 +20,7 @@ import pytest
 from mlx_lm import load
 
 from engine.runner import BatchRunner
-from engine.scheduler import Scheduler, SchedulerConfig, StepOutput
+from engine.scheduler import Scheduler, SchedulerConfig
 from engine.speculation.drafting import (
     PREDICTION_K,
     NgramIndex,
@@ -29,6 +29,7 @@ from engine.speculation.drafting import (
     RowSpeculation,
 )
 from engine.speculation.rows import Speculation
+from engine.step_records import StepOutput
 from engine.types import Request, SamplingParams
 from tests.engine.test_runner import drive, prompt_ids, reference
 
@@ -223,7 +224,7 @@ def test_seeded_sampling_is_the_same_text_with_or_without_speculation(smollm: tu
 
 
 def test_the_gate_picks_the_faster_kind_of_step_and_keeps_probing_the_other() -> None:
-    from engine.speculation.drafting import SpeculationGate
+    from engine.speculation.gate import SpeculationGate
 
     gate = SpeculationGate(probe_every=10, probe_len=2)
     assert gate.choose(4) is True  # nothing known: try speculating first
@@ -251,7 +252,7 @@ def test_the_gate_picks_the_faster_kind_of_step_and_keeps_probing_the_other() ->
 
 
 def test_a_draft_model_too_big_to_pay_starts_plain_and_follows_only_a_few_joining_rows() -> None:
-    from engine.speculation.drafting import SpeculationGate, breakeven_acceptance
+    from engine.speculation.gate import SpeculationGate, breakeven_acceptance
 
     assert breakeven_acceptance(0.9, 3) > 0.9  # nearly the target's size: needs ~94% acceptance
     assert breakeven_acceptance(1.0, 3) is None  # the model as its own draft can never pay
@@ -272,7 +273,7 @@ def test_a_draft_model_too_big_to_pay_starts_plain_and_follows_only_a_few_joinin
 def test_rows_the_draft_does_not_follow_ride_along_and_the_rest_draft_exactly(tiny_path: Path) -> None:
     from mlx_lm.generate import generate_step
 
-    from engine.speculation.verify import DraftRows
+    from engine.speculation.draft_model import DraftRows
 
     draft = load(str(tiny_path))[0]
     prompts = [list(range(100, 130)), list(range(200, 240)), list(range(300, 310))]
@@ -307,7 +308,7 @@ def test_a_lagging_draft_cache_catches_up_and_drafts_what_the_draft_model_would(
     draft) catch up in pieces and draft exactly the draft model's own greedy continuation."""
     from mlx_lm.generate import generate_step
 
-    from engine.speculation.verify import DraftRows
+    from engine.speculation.draft_model import DraftRows
 
     draft = load(str(tiny_path))[0]
     prompts = [list(range(100, 130)), list(range(200, 212))]
