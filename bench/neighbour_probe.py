@@ -125,7 +125,7 @@ def main() -> None:
         signal_all(procs, signal.SIGKILL)
     print(
         f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved; decoding thread on CPU "
-        f"{args.pin}, {len(cpus)} neighbour processes on CPUs {cpus[0]}-{cpus[-1]}"
+        f"{args.pin}, {len(cpus)} neighbour processes on CPUs {','.join(map(str, cpus))}"
     )
     bracket = [(a + b) / 2 for a, b in itertools.pairwise([*rates["quiet"], closing])]
     for arm, rs in rates.items():

@@ -157,14 +157,17 @@ def worker(conn: Any, path: str, pin: int | None = None) -> None:
         if what == "direct":
             conn.send(direct_rate(model, tokenizer, prompt, n))
         elif what == "served core framed":
-            send = send or framed_reader()
+            send = send or framed_reader(pin)
             conn.send(rate(core_stamps(as_served, prompt, n, time.perf_counter, send)))
         else:
             conn.send(core_rate(as_served if what == "served core" else bare_core(model, tokenizer), prompt, n))
 
 
-def framed_reader() -> Callable[[Any], None]:
-    """A process that reads frames the way the server does (bench.frame_send); its writer's send."""
+def framed_reader(pin: int | None = None) -> Callable[[Any], None]:
+    """A process that reads frames the way the server does (bench.frame_send); its writer's send.
+    With `pin` (the caller's thread is pinned there, and a child inherits that), the reader runs on
+    every other CPU, as the server does: on the pinned one each wake-up would preempt the decoder
+    (it did in the sixteenth session: 0.917x against 0.981x without frames)."""
     import socket
     import subprocess
     import sys
@@ -173,6 +176,8 @@ def framed_reader() -> Callable[[Any], None]:
 
     ours, theirs = socket.socketpair()
     code = "import socket, sys; from bench.frame_send import drain; drain(socket.socket(fileno=int(sys.argv[1])))"
+    if pin is not None and (others := set(range(os.cpu_count() or 1)) - {pin}):
+        code = f"import os; os.sched_setaffinity(0, {others!r}); {code}"
     # a subprocess, not multiprocessing's: the worker is a daemon process, which may have no children
     subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno())], pass_fds=(theirs.fileno(),))
     theirs.close()
