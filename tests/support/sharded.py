@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.servers import descendants
 from tests.support.server_proc import ROOT, free_port, wait_healthy
 
 
@@ -73,7 +74,7 @@ class ShardedGroup:
 
     def follower_pid(self) -> int:
         """The pid of the rank-1 server process (under mlx.launch: found by its MLX_RANK)."""
-        for pid in _descendants(self.procs[0].pid) if len(self.procs) == 1 else [self.procs[1].pid]:
+        for pid in descendants(self.procs[0].pid) if len(self.procs) == 1 else [self.procs[1].pid]:
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
@@ -94,17 +95,3 @@ class ShardedGroup:
                 p.wait(10)
         for log in self._logs:
             log.close()
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except OSError:
-            continue
-        kids = [int(c) for c in children]
-        out += kids
-        todo += kids
-    return out
