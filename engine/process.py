@@ -4,6 +4,8 @@ The parent keeps the tokenizer (protocols need it) and talks to the child over a
 small pickled messages; the child batches every event of a step into one message. When the
 child dies, in-flight requests fail with an error in their own format, /health turns 503, and
 a new child is started and serves the next request.
+
+How the loop reads the child's frames (woken while idle, on a tick while streaming): engine.frames.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from engine.client import EngineClient, EngineState, RequestStream
 from engine.errors import EngineFailed, ServeError
-from engine.frames import FrameReader
+from engine.frames import POLL_IDLE_S, POLL_S, FrameReader
 from engine.process_child import serve_child
 from engine.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
 from engine.tokenizer import spelling_span
@@ -46,6 +48,8 @@ class _Child:
     pid: int = 0
     streams: dict[str, RequestStream] = field(default_factory=dict)
     reader: FrameReader | None = None
+    polling: asyncio.TimerHandle | None = None  # the next read on the tick; None: the loop watches the socket
+    last_frame: float = 0.0  # loop time of the last read that found a message
 
 
 class ProcessEngine(EngineClient):
@@ -180,16 +184,40 @@ class ProcessEngine(EngineClient):
     # -- the child's messages, read on the loop (engine.frames) ------------------------
 
     def _readable(self, child: _Child) -> None:
+        """The loop found the socket readable (it watches it while no stream is delivered)."""
+        if not self._read(child) or not child.streams or child.reader is None or self._loop is None:
+            return
+        self._loop.remove_reader(child.reader.fileno())  # a stream is delivered: read on the tick
+        child.last_frame = self._loop.time()
+        child.polling = self._loop.call_later(POLL_S, self._poll, child)
+
+    def _poll(self, child: _Child) -> None:
+        child.polling = None
+        if child.reader is None or self._loop is None:
+            return
+        got = self._read(child)
+        if child.reader is None:  # gone while reading
+            return
+        now = self._loop.time()
+        if got:
+            child.last_frame = now
+        if child.streams and now - child.last_frame < POLL_IDLE_S:
+            child.polling = self._loop.call_later(POLL_S, self._poll, child)
+        else:  # level-triggered: a frame that arrived since this read wakes the loop at once
+            self._loop.add_reader(child.reader.fileno(), self._readable, child)
+
+    def _read(self, child: _Child) -> int:
+        """Handle every message that has arrived; how many there were."""
         reader = child.reader
         if reader is None:
-            return
+            return 0
         try:
             messages = reader.read()
         except Exception:  # a frame that does not decode: nothing after it can be trusted
             log.exception("unreadable message from engine process %s; killing it", child.pid)
             child.process.kill()  # then as if it died: its requests fail and a new child starts
             self._gone(child)
-            return
+            return 0
         for message in messages:
             try:
                 self._on_message(child, message)
@@ -197,6 +225,7 @@ class ProcessEngine(EngineClient):
                 log.exception("handling a message from the engine process failed")
         if reader.closed:
             self._gone(child)
+        return len(messages)
 
     def _gone(self, child: _Child) -> None:
         """The child's end is closed: stop reading it and wait for its exit code off the loop."""
@@ -205,10 +234,13 @@ class ProcessEngine(EngineClient):
 
     def _stop_reading(self, child: _Child) -> None:
         reader, child.reader = child.reader, None
+        if child.polling is not None:
+            child.polling.cancel()
+            child.polling = None
         if reader is None:
             return
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(reader.fileno())
+            self._loop.remove_reader(reader.fileno())  # False (nothing done) while it was polled
         reader.close()
 
     def _reap(self, child: _Child) -> None:

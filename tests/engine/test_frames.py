@@ -35,6 +35,32 @@ def test_messages_arrive_whole_and_in_order_including_one_larger_than_the_socket
     assert reader.read() == []  # nothing more, and no wait for it
 
 
+def test_a_steps_events_cross_intact_whatever_their_kind() -> None:
+    """Events pickles text events as their plain fields (engine.process_messages); every kind of
+    event, with or without logprobs, an error among them, comes out equal on the other side."""
+    from engine.errors import EngineFailed
+    from engine.process_messages import Events
+    from engine.types import TokenLogprob, ToolCallArgsDelta, ToolCallStart
+
+    a, b = socket.socketpair()
+    writer, reader = FrameWriter(a.fileno()), FrameReader(b.fileno())
+    lp = TokenLogprob("hi", -0.25, (("hi", -0.25), ("ho", -1.5)))
+    items: list[tuple[str, object]] = [
+        ("r1", TextDelta("hi", (17,), (lp,))),
+        ("r2", TextDelta("", ())),
+        ("r2", ToolCallStart(0, "call_1", "get_weather")),
+        ("r2", ToolCallArgsDelta(0, '{"city": "Paris"}')),
+        ("r1", Finished(FinishReason.LENGTH, Usage(3, 1))),
+    ]
+    writer.send(Events(items))  # type: ignore[arg-type]
+    writer.send(Events([("r3", EngineFailed("generation failed: boom"))]))
+    got = read_until(reader, 2, b)
+    assert isinstance(got[0], Events) and got[0].items == items
+    assert isinstance(got[1], Events)
+    (rid, err), = got[1].items
+    assert rid == "r3" and isinstance(err, EngineFailed) and err.message == "generation failed: boom"
+
+
 def test_a_partly_arrived_message_waits_for_its_rest() -> None:
     import pickle
 

@@ -31,6 +31,7 @@ class Script:
     step_s: float = 0.0
     load_error: str = ""
     fatal: bool = False
+    pieces: tuple[str, ...] = tuple(PIECES)
 
 
 def build_scripted(counters: Counters, script: Script) -> tuple[Core, dict[str, Any]]:
@@ -42,13 +43,13 @@ def build_scripted(counters: Counters, script: Script) -> tuple[Core, dict[str, 
             raise InsufficientMemory(script.load_error)
         raise RuntimeError(script.load_error)
     scheduler = Scheduler(SchedulerConfig(max_running=4), frozenset({EOS}))
-    runner = ScriptedRunner(PIECES, script.step_s)
-    return Core(scheduler, runner, FakeTokenizer(PIECES), counters), {"model_id": "scripted"}
+    runner = ScriptedRunner(list(script.pieces), script.step_s)
+    return Core(scheduler, runner, FakeTokenizer(list(script.pieces)), counters), {"model_id": "scripted"}
 
 
 def engine_for(script: Script) -> ProcessEngine:
     def prepare() -> ChildPlan:
-        return ChildPlan("scripted", build_scripted, (script,), lambda: FakeTokenizer(PIECES))
+        return ChildPlan("scripted", build_scripted, (script,), lambda: FakeTokenizer(list(script.pieces)))
 
     return ProcessEngine(prepare, capacity=8)
 
@@ -84,6 +85,50 @@ def test_process_engine_serves_a_request_and_reports_the_model() -> None:
     assert isinstance(events[-1], Finished) and events[-1].usage.completion_tokens == 4
     assert model.model_id == "scripted" and model.tokenizer.vocab_size == 1000
     assert stats["requests_finished"] == 1 and stats["engine_pid"] > 0 and stats["restarts"] == 0
+
+
+def test_process_engine_reads_a_stream_on_a_tick_then_watches_the_socket_again() -> None:
+    """While a stream is delivered the child's frames wake no one: the loop does not watch the
+    frame socket, it reads it on a tick (engine.frames); every event still arrives, in order. Once
+    the stream is done the loop watches the socket again, so an idle engine still answers (its
+    stats, the next request)."""
+    pieces = tuple(f"w{i} " for i in range(120))
+
+    def watched(loop: asyncio.AbstractEventLoop, engine: ProcessEngine) -> bool:
+        child = engine._child
+        assert child is not None and child.reader is not None
+        try:
+            loop._selector.get_key(child.reader.fileno())  # type: ignore[attr-defined]
+        except KeyError:
+            return False
+        return True
+
+    async def go() -> tuple[list[Any], list[bool], bool, dict[str, Any], list[Any]]:
+        engine = engine_for(Script(step_s=0.002, pieces=pieces))
+        engine.start()
+        await engine.wait_ready()
+        loop = asyncio.get_running_loop()
+        try:
+            stream = engine.submit([request("r1", max_tokens=1000)])
+            events, while_streaming = [], []
+            while (item := await stream.next()) is not None:
+                events.append(item[1])
+                if isinstance(item[1], TextDelta):
+                    while_streaming.append(watched(loop, engine))
+            await asyncio.sleep(0.05)
+            after = watched(loop, engine)
+            stats = await engine.stats()
+            again = await drain(engine.submit([request("r2", max_tokens=1000)]))
+            return events, while_streaming, after, stats, again
+        finally:
+            engine.stop()
+
+    events, while_streaming, after, stats, again = run(go())
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "".join(pieces)
+    assert isinstance(events[-1], Finished) and events[-1].usage.completion_tokens == len(pieces) + 1
+    assert len(while_streaming) >= 10 and not any(while_streaming)
+    assert after and stats["requests_finished"] == 1
+    assert "".join(e.text for e in again if isinstance(e, TextDelta)) == "".join(pieces)
 
 
 def test_process_engine_cancel_frees_the_gate_and_the_child_row() -> None:
