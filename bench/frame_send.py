@@ -35,6 +35,15 @@ def drain(sock: socket.socket) -> None:
         reader.read()
 
 
+def drain_polling(sock: socket.socket, every_s: float = 0.001) -> None:
+    """As `drain`, but never waiting on the socket: a non-blocking read every `every_s`, so a
+    send finds no reader to wake (what a server that polls its engine's socket would be)."""
+    reader = FrameReader(sock.fileno())
+    while not reader.closed:
+        reader.read()
+        time.sleep(every_s)
+
+
 def _events() -> Events:
     return Events([("chatcmpl-0123456789abcdef", TextDelta(" word", (1234,)))])
 

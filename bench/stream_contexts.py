@@ -15,10 +15,17 @@ back to back, so a drifting host moves them all alike:
                      (a frame on a socket pair) to a process that, like the server, sleeps in
                      `select` until one arrives: the served engine's cost of waking its reader,
                      without the server's and the client's work on the host's other CPUs
+  served core framed poll   the same, the reader polling the socket every 1 ms instead of
+                     sleeping in `select` (so a send wakes no one)
+  served core framed every 4   framed, but the step's events sent every 4th step only
+  served core syscall  the same pickle of each step's events, written to /dev/null instead: a
+                     system call a step that wakes no one
   served process     mlx-serve over HTTP, engine in its child process (the default)
   served lazy        the same server, a client that reads only once the engine is done
   served thread      mlx-serve over HTTP, `--engine thread`
   served plain       mlx-serve with `--no-warmup --prompt-cache-size 0`
+  served parent      mlx-serve from another checkout (`--parent-tree DIR`, e.g. the parent commit's):
+                     an A/B of two versions of the server in one run
 
 For the served ones both clocks are printed: the client's (first chunk to last) and the engine's
 (its --trace: first token to finish). Ratios are per round to the reference (`--reference`,
@@ -98,10 +105,16 @@ def core_rate(core: Any, prompt: list[int], n: int) -> float:
 
 
 def core_stamps(
-    core: Any, prompt: list[int], n: int, stamp: Callable[[], Any], send: Callable[[Any], None] | None = None
+    core: Any,
+    prompt: list[int],
+    n: int,
+    stamp: Callable[[], Any],
+    send: Callable[[Any], None] | None = None,
+    every: int = 1,
 ) -> list[Any]:
     """`stamp()` at each text event of one request through `core.serve`; with `send`, each
-    step's events also go out as the engine process's child sends them (engine.process)."""
+    step's events also go out as the engine process's child sends them (engine.process), or
+    every `every`th step's (the steps between then wait in the outbox)."""
     import queue
 
     from engine.core_parts import Ticket
@@ -121,10 +134,12 @@ def core_stamps(
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
     inbox.put(Ticket(Request(rid, tuple(prompt), SamplingParams(), n), emit))
     done = len(times)
+    steps = itertools.count(1)
 
     def flush() -> None:
         nonlocal done
-        if send is not None and outbox:
+        due = next(steps) % every == 0 or not core.scheduler.has_work
+        if send is not None and outbox and due:
             send(Events(outbox[:]))
             del outbox[:]
         if not core.scheduler.has_work and len(times) > done:
@@ -150,20 +165,51 @@ def worker(conn: Any, path: str, pin: int | None = None) -> None:
     as_served = served_core(model, tokenizer, path)
     if pin is not None:  # this thread only: MLX's own threads, started above, keep theirs
         os.sched_setaffinity(0, {pin})
-    send: Callable[[Any], None] | None = None
+    sends: dict[str, Callable[[Any], None]] = {}
     conn.send("ready")
     while (ask := conn.recv()) is not None:
         what, n = ask
         if what == "direct":
             conn.send(direct_rate(model, tokenizer, prompt, n))
-        elif what == "served core framed":
-            send = send or framed_reader(pin)
-            conn.send(rate(core_stamps(as_served, prompt, n, time.perf_counter, send)))
+        elif what.startswith("served core framed") or what == "served core syscall":
+            if what not in sends:
+                sends[what] = timed(null_writer() if what.endswith("syscall") else framed_reader(pin, poll=what.endswith(" poll")), what)
+            every = 4 if what.endswith(" every 4") else 1
+            conn.send(rate(core_stamps(as_served, prompt, n, time.perf_counter, sends[what], every)))
         else:
             conn.send(core_rate(as_served if what == "served core" else bare_core(model, tokenizer), prompt, n))
+    for what, took in SEND_US.items():
+        took.sort()
+        print(f"  {what}: a step's send took {statistics.median(took):.1f} us median, "
+              f"p90 {took[int(0.9 * len(took))]:.1f} us ({len(took)} sends)", flush=True)
 
 
-def framed_reader(pin: int | None = None) -> Callable[[Any], None]:
+SEND_US: dict[str, list[float]] = {}  # the worker's sends, timed: printed when it stops
+
+
+def timed(send: Callable[[Any], None], what: str) -> Callable[[Any], None]:
+    took = SEND_US.setdefault(what, [])
+
+    def timed_send(message: Any) -> None:
+        t = time.perf_counter()
+        send(message)
+        took.append(1e6 * (time.perf_counter() - t))
+
+    return timed_send
+
+
+def null_writer() -> Callable[[Any], None]:
+    import pickle
+
+    fd = os.open(os.devnull, os.O_WRONLY)
+
+    def write(message: Any) -> None:
+        os.write(fd, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    return write
+
+
+def framed_reader(pin: int | None = None, poll: bool = False) -> Callable[[Any], None]:
     """A process that reads frames the way the server does (bench.frame_send); its writer's send.
     With `pin` (the caller's thread is pinned there, and a child inherits that), the reader runs on
     every other CPU, as the server does: on the pinned one each wake-up would preempt the decoder
@@ -175,7 +221,8 @@ def framed_reader(pin: int | None = None) -> Callable[[Any], None]:
     from engine.frames import FrameWriter
 
     ours, theirs = socket.socketpair()
-    code = "import socket, sys; from bench.frame_send import drain; drain(socket.socket(fileno=int(sys.argv[1])))"
+    drain = "drain_polling" if poll else "drain"
+    code = f"import socket, sys; from bench.frame_send import {drain}; {drain}(socket.socket(fileno=int(sys.argv[1])))"
     if pin is not None and (others := set(range(os.cpu_count() or 1)) - {pin}):
         code = f"import os; os.sched_setaffinity(0, {others!r}); {code}"
     # a subprocess, not multiprocessing's: the worker is a daemon process, which may have no children
@@ -212,7 +259,7 @@ async def main(args: argparse.Namespace) -> None:
     if args.pin is not None:  # the decoding threads get CPU `pin`; everything else the others
         os.sched_setaffinity(0, os.sched_getaffinity(0) - {args.pin})
     proc = ctx.Process(target=worker, args=(there, args.model, args.pin), daemon=True)
-    if any(c in chosen for c in ("direct worker", "core worker", "served core", "served core framed")):
+    if any(c in ("direct worker", "core worker") or c.startswith("served core") for c in chosen):
         proc.start()
         assert here.recv() == "ready"
 
@@ -225,13 +272,18 @@ async def main(args: argparse.Namespace) -> None:
     servers, clients, traces = {}, {}, {}
     try:
         for name, flags in (("served process", []), ("served thread", ["--engine", "thread"]),
-                            ("served plain", ["--no-warmup", "--prompt-cache-size", "0"])):
+                            ("served plain", ["--no-warmup", "--prompt-cache-size", "0"]), ("served parent", [])):
             if name not in chosen and not (name == "served process" and "served lazy" in chosen):
                 continue
             tag = name.split()[1]
             traces[name] = log_dir / f"{tag}.jsonl"
-            spec = ServerSpec("mlx-serve", Path(args.model), [*flags, "--trace", str(traces[name]), *extra],
-                              dict(os.environ), server_cwd("mlx-serve", log_dir))
+            env, cwd = dict(os.environ), server_cwd("mlx-serve", log_dir)
+            if name == "served parent":
+                if not args.parent_tree:
+                    raise SystemExit("served parent needs --parent-tree DIR")
+                cwd = Path(args.parent_tree).resolve()
+                env["PYTHONPATH"] = os.pathsep.join([str(cwd), *filter(None, [env.get("PYTHONPATH")])])
+            spec = ServerSpec("mlx-serve", Path(args.model), [*flags, "--trace", str(traces[name]), *extra], env, cwd)
             servers[name] = start_server(spec, log_dir / f"{tag}.log")
             await wait_healthy(servers[name], 900)
             await wait_warmed(servers[name], 900)
@@ -246,8 +298,12 @@ async def main(args: argparse.Namespace) -> None:
             "core worker": lambda: in_worker("core"),
             "served core": lambda: in_worker("served core"),
             "served core framed": lambda: in_worker("served core framed"),
+            "served core framed poll": lambda: in_worker("served core framed poll"),
+            "served core framed every 4": lambda: in_worker("served core framed every 4"),
+            "served core syscall": lambda: in_worker("served core syscall"),
         }
-        names = [n for n in (*local, "served process", "served lazy", "served thread", "served plain") if n in chosen]
+        names = [n for n in (*local, "served process", "served lazy", "served thread", "served plain", "served parent")
+                 if n in chosen]
         rates: dict[str, list[float]] = {k: [] for k in names}
         order: list[str] = []  # which server each traced request went to
         for r in range(args.rounds + 2):  # two warm-up rounds
@@ -308,6 +364,7 @@ if __name__ == "__main__":
                    help="what the ratios are to")
     p.add_argument("--contexts", default="direct here,core here,direct worker,core worker,served core,served core framed,"
                    "served process,served lazy,served thread,served plain", help="which contexts, comma-separated")
+    p.add_argument("--parent-tree", default="", metavar="DIR", help="the checkout `served parent` runs from")
     p.add_argument("--pin", type=int, default=None, metavar="CPU",
                    help="Linux: run every decoding thread (the worker's, the served engine's) on this CPU, "
                         "and this process (the clients) and the servers on the others")
