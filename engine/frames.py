@@ -12,11 +12,14 @@ NOTE, watching or polling. A frame sent to a reader that sleeps on the socket ma
 wake it. Timed in the child's decoding thread on the H200's VMs (one 1B stream,
 h200-session17-contexts-1b-frames.txt, run 3), a step's send took 47.5 us (median), the same
 pickle written to /dev/null 35 us: the socket and the wake-up ~12 us a token, of ~2-3 ms. A frame
-sent to a socket nobody waits on wakes no one. So the server's loop (engine.process) watches the
-socket only while no stream is delivered: from the first frame of a stream on, it reads it every
-POLL_S instead, and watches it again once the child has sent nothing for POLL_IDLE_S or no stream
-is left. A request's first frame still wakes the loop (its first token is not held back); the
-ones after it wait at most a tick (~1 ms). (The pickle's share: engine.process_messages.Events.)
+sent to a socket nobody waits on wakes no one. So while frames come fast (a stream's next one
+within POLL_GAP_S of the last) the server's loop (engine.process) does not watch the socket: it
+reads it every POLL_S, and watches it again once POLL_GAP_S pass without a frame or no stream is
+left. A stream's first frames still wake the loop (its first token is not held back); the ones
+after them wait at most a tick (~1 ms). Frames further apart (a batch of many rows, each step tens
+of ms, where one wake-up is shared by the rows) keep waking it: ticking between them would spend
+the server's CPU for nothing, and on this 2-core CPU a 1 ms tick under a 16-row batch slowed the
+engine's steps (cpu-2core-session17-item7-ab.txt). (The pickle's share: engine.process_messages.Events.)
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from typing import Any
 HEADER = struct.Struct("!Q")
 RECV_BYTES = 1 << 18
 ONE_WRITE_BYTES = 1 << 16  # a smaller message goes out with its header in one write
-POLL_S = 0.001  # while streams are delivered, the server reads the socket on this tick (note above)
-POLL_IDLE_S = 0.1  # and watches it again after this long without a frame
+POLL_S = 0.001  # while frames come fast, the server reads the socket on this tick (note above)
+POLL_GAP_S = 0.01  # "fast": the next frame within this long; the tick ends after this long without one
 
 
 class FrameWriter:

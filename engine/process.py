@@ -5,7 +5,7 @@ small pickled messages; the child batches every event of a step into one message
 child dies, in-flight requests fail with an error in their own format, /health turns 503, and
 a new child is started and serves the next request.
 
-How the loop reads the child's frames (woken while idle, on a tick while streaming): engine.frames.
+How the loop reads the child's frames (woken, or on a tick while they come fast): engine.frames.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.client import EngineClient, EngineState, RequestStream
 from engine.errors import EngineFailed, ServeError
-from engine.frames import POLL_IDLE_S, POLL_S, FrameReader
+from engine.frames import POLL_GAP_S, POLL_S, FrameReader
 from engine.process_child import serve_child
 from engine.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
 from engine.tokenizer import spelling_span
@@ -49,7 +49,7 @@ class _Child:
     streams: dict[str, RequestStream] = field(default_factory=dict)
     reader: FrameReader | None = None
     polling: asyncio.TimerHandle | None = None  # the next read on the tick; None: the loop watches the socket
-    last_frame: float = 0.0  # loop time of the last read that found a message
+    last_frame: float = -1.0  # loop time of the last read that found a message
 
 
 class ProcessEngine(EngineClient):
@@ -183,25 +183,25 @@ class ProcessEngine(EngineClient):
 
     # -- the child's messages, read on the loop (engine.frames) ------------------------
 
-    def _readable(self, child: _Child) -> None:
-        """The loop found the socket readable (it watches it while no stream is delivered)."""
-        if not self._read(child) or not child.streams or child.reader is None or self._loop is None:
+    def _readable(self, child: _Child) -> None:  # the socket is watched unless frames come fast
+        if not self._read(child) or child.reader is None or self._loop is None:
             return
-        self._loop.remove_reader(child.reader.fileno())  # a stream is delivered: read on the tick
-        child.last_frame = self._loop.time()
-        child.polling = self._loop.call_later(POLL_S, self._poll, child)
+        now = self._loop.time()
+        fast, child.last_frame = now - child.last_frame < POLL_GAP_S, now
+        if fast and child.streams:  # read on the tick from now on: a send then wakes no one
+            self._loop.remove_reader(child.reader.fileno())
+            child.polling = self._loop.call_later(POLL_S, self._poll, child)
 
     def _poll(self, child: _Child) -> None:
         child.polling = None
         if child.reader is None or self._loop is None:
             return
-        got = self._read(child)
+        got, now = self._read(child), self._loop.time()
         if child.reader is None:  # gone while reading
             return
-        now = self._loop.time()
         if got:
             child.last_frame = now
-        if child.streams and now - child.last_frame < POLL_IDLE_S:
+        if child.streams and now - child.last_frame < POLL_GAP_S:
             child.polling = self._loop.call_later(POLL_S, self._poll, child)
         else:  # level-triggered: a frame that arrived since this read wakes the loop at once
             self._loop.add_reader(child.reader.fileno(), self._readable, child)

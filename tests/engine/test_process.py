@@ -87,48 +87,75 @@ def test_process_engine_serves_a_request_and_reports_the_model() -> None:
     assert stats["requests_finished"] == 1 and stats["engine_pid"] > 0 and stats["restarts"] == 0
 
 
-def test_process_engine_reads_a_stream_on_a_tick_then_watches_the_socket_again() -> None:
-    """While a stream is delivered the child's frames wake no one: the loop does not watch the
-    frame socket, it reads it on a tick (engine.frames); every event still arrives, in order. Once
-    the stream is done the loop watches the socket again, so an idle engine still answers (its
-    stats, the next request)."""
-    pieces = tuple(f"w{i} " for i in range(120))
+def watched(loop: asyncio.AbstractEventLoop, engine: ProcessEngine) -> bool:
+    """Whether the loop watches the engine's frame socket (or reads it on a tick: engine.frames)."""
+    child = engine._child
+    assert child is not None and child.reader is not None
+    try:
+        loop._selector.get_key(child.reader.fileno())  # type: ignore[attr-defined]
+    except KeyError:
+        return False
+    return True
 
-    def watched(loop: asyncio.AbstractEventLoop, engine: ProcessEngine) -> bool:
-        child = engine._child
-        assert child is not None and child.reader is not None
-        try:
-            loop._selector.get_key(child.reader.fileno())  # type: ignore[attr-defined]
-        except KeyError:
-            return False
-        return True
+
+async def stream_watching(engine: ProcessEngine, rid: str) -> tuple[list[Any], list[bool]]:
+    """A request's events, and for each text event whether the frame socket was watched then."""
+    loop = asyncio.get_running_loop()
+    stream = engine.submit([request(rid, max_tokens=1000)])
+    events, watching = [], []
+    while (item := await stream.next()) is not None:
+        events.append(item[1])
+        if isinstance(item[1], TextDelta):
+            watching.append(watched(loop, engine))
+    return events, watching
+
+
+def test_process_engine_reads_a_fast_stream_on_a_tick_then_watches_the_socket_again() -> None:
+    """While a stream's frames come fast (2 ms steps) they wake no one: the loop does not watch
+    the frame socket, it reads it on a tick (engine.frames); every event still arrives, in order.
+    Once the stream is done the loop watches the socket again, so an idle engine still answers
+    (its stats, the next request)."""
+    pieces = tuple(f"w{i} " for i in range(120))
 
     async def go() -> tuple[list[Any], list[bool], bool, dict[str, Any], list[Any]]:
         engine = engine_for(Script(step_s=0.002, pieces=pieces))
         engine.start()
         await engine.wait_ready()
-        loop = asyncio.get_running_loop()
         try:
-            stream = engine.submit([request("r1", max_tokens=1000)])
-            events, while_streaming = [], []
-            while (item := await stream.next()) is not None:
-                events.append(item[1])
-                if isinstance(item[1], TextDelta):
-                    while_streaming.append(watched(loop, engine))
+            events, watching = await stream_watching(engine, "r1")
             await asyncio.sleep(0.05)
-            after = watched(loop, engine)
+            after = watched(asyncio.get_running_loop(), engine)
             stats = await engine.stats()
             again = await drain(engine.submit([request("r2", max_tokens=1000)]))
-            return events, while_streaming, after, stats, again
+            return events, watching, after, stats, again
         finally:
             engine.stop()
 
-    events, while_streaming, after, stats, again = run(go())
+    events, watching, after, stats, again = run(go())
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "".join(pieces)
     assert isinstance(events[-1], Finished) and events[-1].usage.completion_tokens == len(pieces) + 1
-    assert len(while_streaming) >= 10 and not any(while_streaming)
+    assert len(watching) == len(pieces) and watching.count(False) >= len(pieces) // 2
     assert after and stats["requests_finished"] == 1
     assert "".join(e.text for e in again if isinstance(e, TextDelta)) == "".join(pieces)
+
+
+def test_process_engine_keeps_watching_a_slow_stream() -> None:
+    """Frames far apart (50 ms steps, as a large batch's are) keep waking the loop: no tick
+    spends the server's CPU between them."""
+    pieces = tuple(f"w{i} " for i in range(8))
+
+    async def go() -> tuple[list[Any], list[bool]]:
+        engine = engine_for(Script(step_s=0.05, pieces=pieces))
+        engine.start()
+        await engine.wait_ready()
+        try:
+            return await stream_watching(engine, "r1")
+        finally:
+            engine.stop()
+
+    events, watching = run(go())
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "".join(pieces)
+    assert len(watching) == len(pieces) and all(watching)
 
 
 def test_process_engine_cancel_frees_the_gate_and_the_child_row() -> None:
