@@ -63,6 +63,7 @@ import httpx
 import orjson
 from mlx_lm.generate import stream_generate
 
+from bench.report import percentile
 from bench.servers import (
     ServerSpec,
     descendants,
@@ -179,9 +180,8 @@ def worker(conn: Any, path: str, pin: int | None = None) -> None:
         else:
             conn.send(core_rate(as_served if what == "served core" else bare_core(model, tokenizer), prompt, n))
     for what, took in SEND_US.items():
-        took.sort()
         print(f"  {what}: a step's send took {statistics.median(took):.1f} us median, "
-              f"p90 {took[int(0.9 * len(took))]:.1f} us ({len(took)} sends)", flush=True)
+              f"p90 {percentile(took, 90) or 0.0:.1f} us ({len(took)} sends)", flush=True)
 
 
 SEND_US: dict[str, list[float]] = {}  # the worker's sends, timed: printed when it stops

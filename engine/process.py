@@ -194,8 +194,7 @@ class ProcessEngine(EngineClient):
 
     def _poll(self, child: _Child) -> None:
         child.polling = None
-        if child.reader is None or self._loop is None:
-            return
+        assert self._loop is not None  # started; _stop_reading cancels the tick with the reader
         got, now = self._read(child), self._loop.time()
         if child.reader is None:  # gone while reading
             return
