@@ -36,15 +36,23 @@ from engine.speculation.rows import Speculation
 from engine.types import Request, SamplingParams
 
 FILES = (
-    "def area(width, height):\n    result = width * height\n    return result\n\n"
-    "def perimeter(width, height):\n    result = 2 * (width + height)\n    return result\n\n"
-    "def describe(width, height):\n    return f'{width} by {height}: area {area(width, height)}'\n",
-    "Shopping list: apples, oranges, pears, plums, grapes, cherries, bread, butter, milk, eggs, "
-    "cheese, rice, beans, lentils, tomatoes, onions, garlic, basil, olive oil, salt, pepper.",
-    "class Counter:\n    def __init__(self):\n        self.count = 0\n\n    def add(self, n):\n"
-    "        self.count += n\n        return self.count\n\n    def reset(self):\n        self.count = 0\n",
-    "The meeting is on Monday at 10am in room 4. Bring the quarterly report, the budget sheet and "
-    "the list of open issues. Anna presents sales, Ben presents support, Carla presents hiring.",
+    (
+        "def area(width, height):\n    result = width * height\n    return result\n\n"
+        "def perimeter(width, height):\n    result = 2 * (width + height)\n    return result\n\n"
+        "def describe(width, height):\n    return f'{width} by {height}: area {area(width, height)}'\n"
+    ),
+    (
+        "Shopping list: apples, oranges, pears, plums, grapes, cherries, bread, butter, milk, eggs, "
+        "cheese, rice, beans, lentils, tomatoes, onions, garlic, basil, olive oil, salt, pepper."
+    ),
+    (
+        "class Counter:\n    def __init__(self):\n        self.count = 0\n\n    def add(self, n):\n"
+        "        self.count += n\n        return self.count\n\n    def reset(self):\n        self.count = 0\n"
+    ),
+    (
+        "The meeting is on Monday at 10am in room 4. Bring the quarterly report, the budget sheet and "
+        "the list of open issues. Anna presents sales, Ben presents support, Carla presents hiring."
+    ),
 )
 ASKS = ("Rewrite this exactly, but rename `result` to `value`:", "Repeat this list exactly:",
         "Copy this code exactly, adding nothing:", "Repeat this note word for word:")

@@ -36,8 +36,8 @@ else
   echo "warning: npm not found; the Claude Code and Codex tests are skipped"
 fi
 
-echo "== ruff check, ruff format --check, mypy --strict (server/ protocols/ engine/)"
-.venv/bin/ruff check server protocols engine
+echo "== ruff check (and tests/ bench/), ruff format --check, mypy --strict (server/ protocols/ engine/)"
+.venv/bin/ruff check server protocols engine tests bench
 .venv/bin/ruff format --check server protocols engine
 .venv/bin/mypy --strict server protocols engine
 

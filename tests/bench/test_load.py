@@ -102,7 +102,7 @@ def test_a_level_spread_over_client_processes_sends_every_request_once() -> None
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server interface
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             with lock:
                 seen.append(body["messages"][0]["content"])
@@ -126,7 +126,7 @@ def test_a_level_spread_over_client_processes_sends_every_request_once() -> None
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        prompt = lambda i: Prompt(variant=i % 3, messages=[{"role": "user", "content": f"q{i}"}], num_tokens=None)  # noqa: E731
+        prompt = lambda i: Prompt(variant=i % 3, messages=[{"role": "user", "content": f"q{i}"}], num_tokens=None)
         level = asyncio.run(run_level(f"http://127.0.0.1:{server.server_address[1]}",
                                       LoadSpec(6, 20, 8, 100, "m", prompt), processes=3))
     finally:

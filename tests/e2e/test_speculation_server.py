@@ -96,8 +96,8 @@ def test_anthropic_usage_and_metrics_count_speculation(server: ServerProcess) ->
                    json={"model": "default", "max_tokens": 40, "messages": COPY})
     assert r.status_code == 200 and r.json()["usage"]["speculation"]["drafted"] > 0
     metrics = httpx.get(server.url + "/metrics", timeout=10).text
-    drafted = re.search(r"^mlx_serve:spec_decode_num_draft_tokens_total (\S+)$", metrics, re.M)
-    accepted = re.search(r"^mlx_serve:spec_decode_num_accepted_tokens_total (\S+)$", metrics, re.M)
+    drafted = re.search(r"^mlx_serve:spec_decode_num_draft_tokens_total (\S+)$", metrics, re.MULTILINE)
+    accepted = re.search(r"^mlx_serve:spec_decode_num_accepted_tokens_total (\S+)$", metrics, re.MULTILINE)
     assert drafted and accepted and float(drafted[1]) >= float(accepted[1]) > 0
 
 

@@ -15,7 +15,7 @@ from tests.support.server_proc import ROOT, ServerProcess, free_port
 
 def run_server(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "server", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
 def test_a_missing_model_folder_is_one_line_and_exit_1(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ def _source(folder: Path, config: str = "{}") -> Path:
 
 
 def test_writing_a_copy_deletes_those_whose_model_folder_is_gone_or_changed(tmp_path: Path) -> None:
-    import mlx.nn as nn
+    from mlx import nn
 
     model, root = nn.Linear(2, 2), tmp_path / "cache"
     a, b = _source(tmp_path / "a"), _source(tmp_path / "b")

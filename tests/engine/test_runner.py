@@ -16,8 +16,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-import engine.prefill as prefill
 import engine.runner as runner_module
+from engine import prefill
 from engine.prefix_cache import PrefixCache
 from engine.runner import BatchRunner
 from engine.scheduler import Scheduler, SchedulerConfig

@@ -293,7 +293,7 @@ def test_app_cors_only_when_origins_allowed() -> None:
 
 
 def test_app_n_choices_json_and_stream() -> None:
-    engine, runners = fake_engine(["x", "y"])
+    engine, _ = fake_engine(["x", "y"])
     body = orjson.loads(CHAT)
     body["n"] = 3
 
@@ -392,7 +392,7 @@ def test_app_tool_calls_in_anthropic_and_responses() -> None:
     msg, resp = run(go())
     m = msg.json()
     assert m["stop_reason"] == "tool_use"
-    use = [b for b in m["content"] if b["type"] == "tool_use"][0]
+    use = next(b for b in m["content"] if b["type"] == "tool_use")
     assert use["name"] == "get_weather" and use["input"] == {"city": "Paris"} and use["id"].startswith("toolu_")
     items = [i for i in resp.json()["output"] if i["type"] == "function_call"]
     assert items[0]["name"] == "get_weather" and orjson.loads(items[0]["arguments"]) == {"city": "Paris"}

@@ -154,7 +154,7 @@ def test_a_call_cut_by_max_tokens_reads_the_same_streamed_or_not(served: Served)
     r_whole = oa.responses.create(model="m", input=ASK, tools=[RESPONSES_TOOL], max_output_tokens=cut)
     with oa.responses.stream(model="m", input=ASK, tools=[RESPONSES_TOOL], max_output_tokens=cut) as s:
         # The helper's final response waits for response.completed; a cut turn ends incomplete.
-        r_streamed = [e.response for e in s if e.type == "response.incomplete"][0]
+        r_streamed = next(e.response for e in s if e.type == "response.incomplete")
     items = [[(o.type, o.status, getattr(o, "arguments", None)) for o in r.output] + [r.status]
              for r in (r_whole, r_streamed)]
     assert items[0] == items[1] and items[0][-2][1] == "incomplete" and items[0][-1] == "incomplete"

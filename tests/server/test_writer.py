@@ -184,8 +184,10 @@ def test_stream_sse_events_already_queued_go_out_as_one_chunk_in_order() -> None
     run(streamed(stream, client))
     assert client.chunks == [
         b'event: start\ndata: {"type":"start"}\n\n',
-        b'data: {"text":"Hel","index":0}\n\ndata: {"text":"lo","index":0}\n\n'
-        b'data: {"text":" you","index":0}\n\ndata: {"finish":"stop"}\n\ndata: [DONE]\n\n',
+        (
+            b'data: {"text":"Hel","index":0}\n\ndata: {"text":"lo","index":0}\n\n'
+            b'data: {"text":" you","index":0}\n\ndata: {"finish":"stop"}\n\ndata: [DONE]\n\n'
+        ),
     ]
 
 

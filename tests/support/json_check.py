@@ -28,9 +28,8 @@ def errors(value: Any, schema: dict[str, Any], root: dict[str, Any] | None = Non
         for part in schema["$ref"].removeprefix("#/").split("/"):
             target = target[part]
         return errors(value, target, root, at)
-    if "anyOf" in schema:
-        if all(errors(value, s, root, at) for s in schema["anyOf"]):
-            return [f"{at}: matches none of anyOf"]
+    if "anyOf" in schema and all(errors(value, s, root, at) for s in schema["anyOf"]):
+        return [f"{at}: matches none of anyOf"]
     out: list[str] = []
     kind = schema.get("type")
     if kind is not None and not _TYPES[kind](value):

@@ -101,7 +101,7 @@ def test_rows_with_holes_join_and_leave() -> None:
 
 
 def test_every_layer_shares_the_cut() -> None:
-    a, kept = rows_cache([4, 6], seed=5)
+    a, _ = rows_cache([4, 6], seed=5)
     b, _ = rows_cache([4, 6], seed=5)
     caches = [a[0], b[0]]
     mx.random.seed(6)
