@@ -63,11 +63,16 @@ def main() -> None:
 
     us: dict[str, list[float]] = {"stream_generate": [], "our core": []}
     for r in range(args.rounds + 2):  # two warm-up rounds
-        d, c = direct_rate(model, tokenizer, prompt, args.tokens), core_rate(bare_core(model, tokenizer), prompt, args.tokens)
+        d, c = (
+            direct_rate(model, tokenizer, prompt, args.tokens),
+            core_rate(bare_core(model, tokenizer), prompt, args.tokens),
+        )
         if r >= 2:
             us["stream_generate"].append(1e6 / d)
             us["our core"].append(1e6 / c)
-    print(f"near-free model, {args.tokens} tokens, {args.rounds} rounds, interleaved; device {mx.default_device()}")
+    print(
+        f"near-free model, {args.tokens} tokens, {args.rounds} rounds, interleaved; device {mx.default_device()}"
+    )
     for name, xs in us.items():
         print(f"  {name:16s} {statistics.median(xs):7.1f} us/token [{min(xs):.1f}-{max(xs):.1f}]")
     extra = [c - d for c, d in zip(us["our core"], us["stream_generate"])]

@@ -146,8 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup-runs", type=int, default=1)
     parser.add_argument("--batch", default="", help="comma-separated B for batch_generate")
-    parser.add_argument("--batch-requests", type=int, default=0,
-                        help="prompts per batch_generate call, B at a time (default: B)")
+    parser.add_argument(
+        "--batch-requests",
+        type=int,
+        default=0,
+        help="prompts per batch_generate call, B at a time (default: B)",
+    )
     parser.add_argument("--info-only", action="store_true", help="only report the machine")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -162,9 +166,12 @@ def main(argv: list[str] | None = None) -> None:
             )
             for b, rs in result["batch"].items():
                 print(
-                    f"batch_generate B={b} ({max(int(b), args.batch_requests)} prompts): " + ", ".join(f"{r['generation_tps']:.0f}" for r in rs) + " tok/s"
+                    f"batch_generate B={b} ({max(int(b), args.batch_requests)} prompts): "
+                    + ", ".join(f"{r['generation_tps']:.0f}" for r in rs)
+                    + " tok/s"
                     " decode; end to end (prefill included, as a server's aggregate is): "
-                    + ", ".join(f"{r['generation_tokens'] / r['wall_s']:.0f}" for r in rs) + " tok/s"
+                    + ", ".join(f"{r['generation_tokens'] / r['wall_s']:.0f}" for r in rs)
+                    + " tok/s"
                 )
         result["machine"] = machine_info()  # BLAS libraries are mapped once MLX has run
     args.out.write_text(json.dumps(result, indent=1))

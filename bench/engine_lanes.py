@@ -70,7 +70,9 @@ def main() -> None:
     print(f"device {mx.default_device()}  model {args.model}  tokens {args.tokens}  rounds {args.rounds}")
     for name, rs in rates.items():
         ratio = statistics.median(r / d for r, d in zip(rs, rates["direct"]))
-        print(f"  {name:17s} {statistics.median(rs):8.1f} tok/s  {ratio:.3f}x direct (per round)  {[round(r) for r in rs]}")
+        print(
+            f"  {name:17s} {statistics.median(rs):8.1f} tok/s  {ratio:.3f}x direct (per round)  {[round(r) for r in rs]}"
+        )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,15 @@ def main() -> None:
     ids = prompts(tokenizer, 16)
     n = 2 * args.clients
     plain_answers = (  # the predictions are edited plain answers
-        run(model, Speculation(None), [Request(f"plain{i}", ids[i], SamplingParams(), args.tokens)
-                                       for i in range(16)], 1, eos).tokens
-        if args.mode == "predict-edited" else {}
+        run(
+            model,
+            Speculation(None),
+            [Request(f"plain{i}", ids[i], SamplingParams(), args.tokens) for i in range(16)],
+            1,
+            eos,
+        ).tokens
+        if args.mode == "predict-edited"
+        else {}
     )
 
     def requests(tag: str, tokens: int, speculating: bool) -> list[Request]:
@@ -80,7 +86,9 @@ def main() -> None:
         return sum(t for _, t, _ in rows) / max(sum(s for _, _, s in rows), 1e-9)
 
     for k in range(args.rounds):
-        plain = run(model, Speculation(None), requests("p", args.tokens, False), args.clients, eos, plain_runner)
+        plain = run(
+            model, Speculation(None), requests("p", args.tokens, False), args.clients, eos, plain_runner
+        )
         decisions.clear()
         timed.clear()
         mirrored.clear()
@@ -88,13 +96,19 @@ def main() -> None:
         sp, pl = [x for x in timed if x[0]], [x for x in timed if not x[0]]
         ratio = (o.total / o.wall_s) / (plain.total / plain.wall_s)
         untimed = (o.wall_s - sum(s for _, _, s in timed)) / o.wall_s
-        print(f"round {k}: plain {plain.total / plain.wall_s:.0f} tok/s, {args.mode} {o.total / o.wall_s:.0f} "
-              f"({ratio:.2f}x), acceptance {o.acceptance:.2f}; allowed {sum(decisions)}/{len(decisions)} steps; "
-              f"timed: speculating {len(sp)} steps at {rate(sp):.0f} tok/s, plain {len(pl)} at {rate(pl):.0f}; "
-              f"untimed share of wall {untimed:.2f}"
-              + (f"; joins given a draft cache {sum(mirrored)}/{len(mirrored)}" if mirrored else ""), flush=True)
-        print("  gate tok/s by (bucket, speculating):",
-              {key: round(v) for key, v in sorted(gate._rate.items())}, flush=True)
+        print(
+            f"round {k}: plain {plain.total / plain.wall_s:.0f} tok/s, {args.mode} {o.total / o.wall_s:.0f} "
+            f"({ratio:.2f}x), acceptance {o.acceptance:.2f}; allowed {sum(decisions)}/{len(decisions)} steps; "
+            f"timed: speculating {len(sp)} steps at {rate(sp):.0f} tok/s, plain {len(pl)} at {rate(pl):.0f}; "
+            f"untimed share of wall {untimed:.2f}"
+            + (f"; joins given a draft cache {sum(mirrored)}/{len(mirrored)}" if mirrored else ""),
+            flush=True,
+        )
+        print(
+            "  gate tok/s by (bucket, speculating):",
+            {key: round(v) for key, v in sorted(gate._rate.items())},
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -68,7 +68,9 @@ def main() -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--only", choices=("stream_generate", "our core"), help="run one side alone (for a profiler)")
+    p.add_argument(
+        "--only", choices=("stream_generate", "our core"), help="run one side alone (for a profiler)"
+    )
     args = p.parse_args()
     model, tokenizer = load_as_served(args.model)
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
@@ -84,7 +86,9 @@ def main() -> None:
     }
     if args.only:
         runs = {args.only: runs[args.only]}
-    us: dict[str, dict[str, list[float]]] = {k: {x: [] for x in ("wall", "cpu", *PARTS, "rest")} for k in runs}
+    us: dict[str, dict[str, list[float]]] = {
+        k: {x: [] for x in ("wall", "cpu", *PARTS, "rest")} for k in runs
+    }
     for r in range(args.rounds + 2):  # two warm-up rounds
         for name, run in runs.items():
             split.calls.clear()
@@ -100,7 +104,9 @@ def main() -> None:
             for part in PARTS:
                 row[part].append(per * spent[part])
             row["rest"].append(row["wall"][-1] - sum(row[part][-1] for part in PARTS))
-    print(f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved; device {mx.default_device()}")
+    print(
+        f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved; device {mx.default_device()}"
+    )
     print("  (us a token, medians; first token to last)")
     print(f"  {'':16s} " + " ".join(f"{k:>10s}" for k in next(iter(us.values()))))
     for name, row in us.items():
@@ -110,8 +116,10 @@ def main() -> None:
     diff = {k: [a - b for a, b in zip(us["our core"][k], us["stream_generate"][k])] for k in us["our core"]}
     print(f"  {'ours - direct':16s} " + " ".join(f"{statistics.median(v):10.1f}" for v in diff.values()))
     ratios = [d / c for d, c in zip(us["stream_generate"]["wall"], us["our core"]["wall"])]
-    print(f"  our core's decode rate / stream_generate's: {statistics.median(ratios):.3f}x "
-          f"[{min(ratios):.3f}-{max(ratios):.3f}]")
+    print(
+        f"  our core's decode rate / stream_generate's: {statistics.median(ratios):.3f}x "
+        f"[{min(ratios):.3f}-{max(ratios):.3f}]"
+    )
 
 
 if __name__ == "__main__":

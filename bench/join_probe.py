@@ -32,8 +32,12 @@ def prefill_alone(model: Any, rows: int, width: int) -> tuple[float, float]:
     """Median ms of the prefill of `rows` prompts at `width`, and of their first-token forward."""
     took, first = [], []
     for _ in range(7):
-        batch = PromptProcessingBatch(model, list(range(rows)), [make_prompt_cache(model) for _ in range(rows)],
-                                      fallback_sampler=greedy_sampler)
+        batch = PromptProcessingBatch(
+            model,
+            list(range(rows)),
+            [make_prompt_cache(model) for _ in range(rows)],
+            fallback_sampler=greedy_sampler,
+        )
         tokens = [[1 + (i * 7 + j) % 900 for j in range(width - 1 - i % 3)] for i in range(rows)]
         with mx.stream(generation_stream):
             mx.synchronize()
@@ -71,13 +75,19 @@ def main() -> None:
     model, tok = load_as_served(args.model)
     for rows in (1, 4, 8):
         ms, first = prefill_alone(model, rows, 96)
-        print(f"prefill of {rows} rows at width 96, alone: {ms:.1f} ms; their first-token forward {first:.1f} ms")
+        print(
+            f"prefill of {rows} rows at width 96, alone: {ms:.1f} ms; their first-token forward {first:.1f} ms"
+        )
     book = PromptBook(None, load_tokenizer(Path(args.model)), False)
-    prompts = [list(tok.apply_chat_template(book.get(i).messages, add_generation_prompt=True)) for i in range(256)]
+    prompts = [
+        list(tok.apply_chat_template(book.get(i).messages, add_generation_prompt=True)) for i in range(256)
+    ]
     phases: dict[str, float] = defaultdict(float)
     timed(runner_module.BatchRunner, "_release", lambda n, s: phases.__setitem__(n, phases[n] + s))
     timed(runner_module.BatchRunner, "_join", lambda n, s: phases.__setitem__(n, phases[n] + s))
-    timed(runner_module, "prompt_lazily", lambda n, s: phases.__setitem__(n, phases[n] + s))  # as the runner calls it
+    timed(
+        runner_module, "prompt_lazily", lambda n, s: phases.__setitem__(n, phases[n] + s)
+    )  # as the runner calls it
     timed(PromptProcessingBatch, "generate", lambda n, s: phases.__setitem__(n, phases[n] + s))
     per: dict[bool, dict[str, list[float]]] = {True: defaultdict(list), False: defaultdict(list)}
     step = runner_module.BatchRunner.step

@@ -182,10 +182,23 @@ def _run_level_forked(base_url: str, spec: LoadSpec, processes: int) -> LevelRes
     start_at = time.perf_counter() + 1.0
     ctx = mp.get_context("fork")  # forked children inherit spec (its prompt_for need not pickle)
     results = ctx.SimpleQueue()
-    workers = [ctx.Process(target=_client_process, daemon=True, args=(
-        url, spec, [list(range(spec.first_index + c, end, spec.concurrency))
-                    for c in range(w, spec.concurrency, processes)], start_at, results))
-        for w in range(processes)]
+    workers = [
+        ctx.Process(
+            target=_client_process,
+            daemon=True,
+            args=(
+                url,
+                spec,
+                [
+                    list(range(spec.first_index + c, end, spec.concurrency))
+                    for c in range(w, spec.concurrency, processes)
+                ],
+                start_at,
+                results,
+            ),
+        )
+        for w in range(processes)
+    ]
     for proc in workers:
         proc.start()
     parts = [results.get() for _ in workers]

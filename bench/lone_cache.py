@@ -31,8 +31,16 @@ def batch(model: Any, prompt: list[int], n: int, plain: bool) -> float:
     if not plain:
         cache = [BatchKVCache.merge([c]) for c in cache]
     gen = GenerationBatch(
-        model, [0], mx.array(prompt[-1:]), cache, [list(prompt[:-1])], [greedy_sampler], greedy_sampler,
-        [[]], [StopSequences()], [1 << 40],
+        model,
+        [0],
+        mx.array(prompt[-1:]),
+        cache,
+        [list(prompt[:-1])],
+        [greedy_sampler],
+        greedy_sampler,
+        [[]],
+        [StopSequences()],
+        [1 << 40],
     )
     gen.next()
     start = time.perf_counter()
@@ -69,8 +77,10 @@ def main() -> None:
     print(f"device {mx.default_device()}  model {args.model}  tokens {args.tokens}  rounds {args.rounds}")
     for name, rs in rates.items():
         ratio = statistics.median(r / b for r, b in zip(rs, base))
-        print(f"  {name:26s} {statistics.median(rs):8.1f} tok/s  ratio to direct (per round, median) {ratio:.3f}"
-              f"  rounds {[round(r, 1) for r in rs]}")
+        print(
+            f"  {name:26s} {statistics.median(rs):8.1f} tok/s  ratio to direct (per round, median) {ratio:.3f}"
+            f"  rounds {[round(r, 1) for r in rs]}"
+        )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,9 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
     model, tokenizer = load(args.model)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Tell me a long story."}],
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Tell me a long story."}], add_generation_prompt=True
+    )
     for name, fn in (("warmup-direct", direct), ("warmup-engine", engine)):
         fn(model, prompt, 32)
     results: dict[str, list[float]] = {"direct": [], "engine": []}

@@ -38,8 +38,17 @@ async def round_trip(url: str, megabytes: int) -> tuple[float, int, list[float]]
             await probe.get("/health")  # the probe's connection is open before the timing starts
             began = time.perf_counter()
             curl = await asyncio.create_subprocess_exec(
-                "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "content-type: application/json",
-                "--data-binary", f"@{f.name}", f"{url}/v1/chat/completions",
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-H",
+                "content-type: application/json",
+                "--data-binary",
+                f"@{f.name}",
+                f"{url}/v1/chat/completions",
                 stdout=asyncio.subprocess.PIPE,
             )
             refusal = asyncio.create_task(curl.communicate())

@@ -99,8 +99,10 @@ def main() -> None:
     for name, rs in rates.items():
         us_tok = statistics.median([1e6 / x - 1e6 / b for x, b in zip(rs, base)])
         ratios = [x / b for x, b in zip(rs, base)]
-        print(f"  {name:14s} {statistics.median(rs):8.1f} tok/s  {statistics.median(ratios):.3f}x "
-              f"[{min(ratios):.3f}-{max(ratios):.3f}]  {us_tok:+7.1f} us/token")
+        print(
+            f"  {name:14s} {statistics.median(rs):8.1f} tok/s  {statistics.median(ratios):.3f}x "
+            f"[{min(ratios):.3f}-{max(ratios):.3f}]  {us_tok:+7.1f} us/token"
+        )
 
 
 if __name__ == "__main__":

@@ -70,7 +70,9 @@ def busy(cpu: int) -> subprocess.Popen[bytes]:
 def served_once(client: httpx.Client, url: str, n: int) -> float:
     body = {"model": "default_model", "messages": MESSAGES, "max_tokens": n, "temperature": 0, "stream": True}
     times: list[float] = []
-    with client.stream("POST", url, content=orjson.dumps(body), headers={"content-type": "application/json"}) as r:
+    with client.stream(
+        "POST", url, content=orjson.dumps(body), headers={"content-type": "application/json"}
+    ) as r:
         for line in r.iter_lines():
             if is_text_chunk(line):
                 times.append(time.perf_counter())
@@ -91,20 +93,29 @@ def main(args: argparse.Namespace) -> None:
     rest = (all_cpus - {P}) or all_cpus  # a small host: the server and client share what is left
     server_cpus = {x for c in others[2:5] for x in cores[c]} or rest
     client_cpus = {x for c in others[5:7] for x in cores[c]} or rest
-    print(f"cpus {len(cpus)} cores {len(cores)} nodes {len({n for _, n in cpus.values()})}; "
-          f"P={P} sibling={sibling} busy={busy_cpus} server={sorted(server_cpus)} client={sorted(client_cpus)}")
+    print(
+        f"cpus {len(cpus)} cores {len(cores)} nodes {len({n for _, n in cpus.values()})}; "
+        f"P={P} sibling={sibling} busy={busy_cpus} server={sorted(server_cpus)} client={sorted(client_cpus)}"
+    )
 
     model, tokenizer = load_as_served(args.model)
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     me = os.getpid()
 
     def direct() -> float:
-        return rate([time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=args.tokens)])
+        return rate(
+            [time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=args.tokens)]
+        )
 
     log_dir = Path(tempfile.mkdtemp(prefix="placement-"))
     trace = log_dir / "trace.jsonl"
-    spec = ServerSpec("mlx-serve", Path(args.model), ["--trace", str(trace)], dict(os.environ),
-                      server_cwd("mlx-serve", log_dir))
+    spec = ServerSpec(
+        "mlx-serve",
+        Path(args.model),
+        ["--trace", str(trace)],
+        dict(os.environ),
+        server_cwd("mlx-serve", log_dir),
+    )
     server = start_server(spec, log_dir / "server.log")
     try:
         url = server.base_url + "/v1/chat/completions"
@@ -175,7 +186,7 @@ def main(args: argparse.Namespace) -> None:
         stop_server(server)
     lines = [orjson.loads(x) for x in trace.read_text().splitlines()]
     engine_rates: dict[str, list[float]] = {"served": [], "served pinned": []}
-    for name, line in zip(served_order, lines[-len(served_order):], strict=True):
+    for name, line in zip(served_order, lines[-len(served_order) :], strict=True):
         e = line["engine_s"][0]
         engine_rates[name].append((args.tokens - 1) / (e["finished"] - e["first_token"]))
     print(f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved")

@@ -45,7 +45,9 @@ def edit(text: str, every: int) -> tuple[str, list[str]]:
 MODEL = {"id": ""}
 
 
-async def ask(client: httpx.AsyncClient, prompt: str, tokens: int, prediction: str | None) -> tuple[float, dict[str, Any]]:
+async def ask(
+    client: httpx.AsyncClient, prompt: str, tokens: int, prediction: str | None
+) -> tuple[float, dict[str, Any]]:
     body: dict[str, Any] = {
         "model": MODEL["id"],
         "messages": [{"role": "user", "content": prompt}],
@@ -62,7 +64,10 @@ async def ask(client: httpx.AsyncClient, prompt: str, tokens: int, prediction: s
 
 async def main(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    async with mlx_serve_running(args, "predicted-http") as url, httpx.AsyncClient(base_url=url, timeout=900) as client:
+    async with (
+        mlx_serve_running(args, "predicted-http") as url,
+        httpx.AsyncClient(base_url=url, timeout=900) as client,
+    ):
         MODEL["id"] = (await client.get("/v1/models")).json()["data"][0]["id"]
         plain: dict[str, str] = {}
         for p in PROMPTS:
@@ -80,7 +85,10 @@ async def main(args: argparse.Namespace) -> None:
                 changed, gone = edit(plain[p], args.every)
                 total = len(tokenizer.encode(plain[p], add_special_tokens=False))
                 lost = sum(len(tokenizer.encode(" " + w, add_special_tokens=False)) for w in gone)
-                for mode, prediction, unchanged in (("exact", plain[p], total), ("edited", changed, total - lost)):
+                for mode, prediction, unchanged in (
+                    ("exact", plain[p], total),
+                    ("edited", changed, total - lost),
+                ):
                     wall, out = await ask(client, p, args.tokens, prediction)
                     walls[mode].append(wall)
                     ratios[mode].append(base / wall)
@@ -90,20 +98,28 @@ async def main(args: argparse.Namespace) -> None:
                     if text != plain[p] and args.show_differences:
                         print(f"  {mode}: {difference(plain[p], text)}; usage {out['usage']}")
                     same[mode] = same[mode] and text == plain[p]
-    print(f"model {args.model}  {args.tokens} tokens  {len(PROMPTS)} prompts x {args.rounds} rounds  "
-          f"edited: every {args.every}th word replaced")
-    print(f"  plain   median {statistics.median(walls['plain']):.3f} s  "
-          f"text of the re-runs {'identical' if same['plain'] else 'DIFFERS'} to the first")
+    print(
+        f"model {args.model}  {args.tokens} tokens  {len(PROMPTS)} prompts x {args.rounds} rounds  "
+        f"edited: every {args.every}th word replaced"
+    )
+    print(
+        f"  plain   median {statistics.median(walls['plain']):.3f} s  "
+        f"text of the re-runs {'identical' if same['plain'] else 'DIFFERS'} to the first"
+    )
     for mode in ("exact", "edited"):
         r, k = ratios[mode], kept[mode]
-        print(f"  {mode:<7} median {statistics.median(walls[mode]):.3f} s  {statistics.median(r):.2f}x "
-              f"[{min(r):.2f}-{max(r):.2f}]  accepted {statistics.median(k):.2f} of unchanged "
-              f"prediction tokens [{min(k):.2f}-{max(k):.2f}]  text {'identical' if same[mode] else 'DIFFERS'} to plain")
+        print(
+            f"  {mode:<7} median {statistics.median(walls[mode]):.3f} s  {statistics.median(r):.2f}x "
+            f"[{min(r):.2f}-{max(r):.2f}]  accepted {statistics.median(k):.2f} of unchanged "
+            f"prediction tokens [{min(k):.2f}-{max(k):.2f}]  text {'identical' if same[mode] else 'DIFFERS'} to plain"
+        )
 
 
 def difference(plain: str, text: str) -> str:
-    at = next((i for i, (a, b) in enumerate(zip(text, plain, strict=False)) if a != b), min(len(text), len(plain)))
-    return f"differs at char {at} of {len(plain)}: plain {plain[max(at - 30, 0):at + 30]!r} vs {text[max(at - 30, 0):at + 30]!r}"
+    at = next(
+        (i for i, (a, b) in enumerate(zip(text, plain, strict=False)) if a != b), min(len(text), len(plain))
+    )
+    return f"differs at char {at} of {len(plain)}: plain {plain[max(at - 30, 0) : at + 30]!r} vs {text[max(at - 30, 0) : at + 30]!r}"
 
 
 if __name__ == "__main__":
@@ -111,5 +127,7 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--every", type=int, default=10)
-    parser.add_argument("--show-differences", action="store_true", help="print where a text first differs from plain")
+    parser.add_argument(
+        "--show-differences", action="store_true", help="print where a text first differs from plain"
+    )
     asyncio.run(main(parser.parse_args()))

@@ -46,7 +46,9 @@ def cpu_now() -> int:
         return int(f.read().rsplit(")", 1)[1].split()[36])
 
 
-def measure(model: Any, tokenizer: Any, prompt: list[int], n: int) -> tuple[float, float, float, float, set[int]]:
+def measure(
+    model: Any, tokenizer: Any, prompt: list[int], n: int
+) -> tuple[float, float, float, float, set[int]]:
     """(rate, wall us/token, thread CPU us/token, process CPU us/token, CPUs seen)."""
     from mlx_lm.generate import stream_generate
 
@@ -75,8 +77,10 @@ def serve_at(address: str, path: str) -> None:
 
 
 def describe() -> str:
-    return (f"pid {os.getpid()} affinity {len(os.sched_getaffinity(0))} CPUs nice {os.nice(0)} "
-            f"threads {len(os.listdir('/proc/self/task'))} parent {os.getppid()}")
+    return (
+        f"pid {os.getpid()} affinity {len(os.sched_getaffinity(0))} CPUs nice {os.nice(0)} "
+        f"threads {len(os.listdir('/proc/self/task'))} parent {os.getppid()}"
+    )
 
 
 def main() -> None:
@@ -125,8 +129,11 @@ def main() -> None:
             return measure(here["model"], here["tokenizer"], here["prompt"], args.tokens)
         if arm == "main thread":
             got: list[Any] = []
-            t = threading.Thread(target=lambda: got.append(
-                measure(here["model"], here["tokenizer"], here["prompt"], args.tokens)))
+            t = threading.Thread(
+                target=lambda: got.append(
+                    measure(here["model"], here["tokenizer"], here["prompt"], args.tokens)
+                )
+            )
             t.start()
             t.join()
             return got[0]
@@ -140,14 +147,19 @@ def main() -> None:
             if r >= 2:
                 results[arm].append(got)
             if args.verbose:
-                print(f"    round {r} {arm:<11} {got[0]:6.1f} tok/s  wall {got[1]:5.0f} us  thread CPU {got[2]:5.0f} us  "
-                      f"process CPU {got[3]:5.0f} us  CPUs {sorted(got[4])}", flush=True)
+                print(
+                    f"    round {r} {arm:<11} {got[0]:6.1f} tok/s  wall {got[1]:5.0f} us  thread CPU {got[2]:5.0f} us  "
+                    f"process CPU {got[3]:5.0f} us  CPUs {sorted(got[4])}",
+                    flush=True,
+                )
     closing = run(arms[0])[0]
     for conn in conns.values():
         conn.send(None)
     for proc in procs:
         proc.join(30) if hasattr(proc, "join") else proc.wait(30)
-    print(f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved  main loaded {args.main_load}")
+    print(
+        f"model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved  main loaded {args.main_load}"
+    )
     ref = [x[0] for x in results[arms[0]]] + [closing]
     bracket = [(a + b) / 2 for a, b in itertools.pairwise(ref)]
     for arm, xs in results.items():
@@ -155,8 +167,11 @@ def main() -> None:
         print(rate_line(arm, rs, rs if arm == arms[0] else bracket, 12), flush=True)
         med = [statistics.median(x[i] for x in xs) for i in (1, 2, 3)]
         cpus = sorted(set().union(*(x[4] for x in xs)))
-        print(f"      per token: wall {med[0]:.0f} us, thread CPU {med[1]:.0f} us, process CPU {med[2]:.0f} us; "
-              f"CPUs seen {cpus}", flush=True)
+        print(
+            f"      per token: wall {med[0]:.0f} us, thread CPU {med[1]:.0f} us, process CPU {med[2]:.0f} us; "
+            f"CPUs seen {cpus}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -85,14 +85,20 @@ async def drive_levels(
     """Warm up each level's shape (C concurrent short requests), then measure it."""
     for number, concurrency in enumerate(plan.levels, start=1):
         if plan.warmup:
-            warm = await run_level(server.base_url, level_spec(plan, book, number, concurrency, True),
-                                   plan.processes_for(concurrency))
+            warm = await run_level(
+                server.base_url,
+                level_spec(plan, book, number, concurrency, True),
+                plan.processes_for(concurrency),
+            )
             failed = sum(not r.ok for r in warm.records)
             if failed:
                 print(f"  {outcome.name} C={concurrency}: {failed} warm-up request(s) failed", flush=True)
         with health_probe(server.base_url) as probes:
-            level = await run_level(server.base_url, level_spec(plan, book, number, concurrency, False),
-                                    plan.processes_for(concurrency))
+            level = await run_level(
+                server.base_url,
+                level_spec(plan, book, number, concurrency, False),
+                plan.processes_for(concurrency),
+            )
         outcome.levels.append(level)
         failed = sum(not r.ok for r in level.records)
         print(
@@ -111,7 +117,9 @@ def health_probe(base_url: str) -> Iterator[list[float]]:
     probes: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-health-") as tmp:
         out = Path(tmp) / "health.txt"
-        proc = subprocess.Popen([sys.executable, "-m", "bench.health_probe", base_url, str(out)], cwd=REPO_ROOT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.health_probe", base_url, str(out)], cwd=REPO_ROOT
+        )
         try:
             yield probes
         finally:
@@ -126,8 +134,10 @@ def describe_probes(probes: list[float]) -> str:
         return "/health not probed"
     from bench.loop_latency import percentile
 
-    return (f"/health x{len(probes)}: p50 {percentile(probes, 0.5):.1f} ms, p99 {percentile(probes, 0.99):.1f} ms, "
-            f"max {max(probes):.1f} ms")
+    return (
+        f"/health x{len(probes)}: p50 {percentile(probes, 0.5):.1f} ms, p99 {percentile(probes, 0.99):.1f} ms, "
+        f"max {max(probes):.1f} ms"
+    )
 
 
 async def why_down(server: RunningServer) -> str | None:

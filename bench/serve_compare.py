@@ -32,7 +32,9 @@ OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="mlx-lm model folder, or a .gguf file (needs engine.gguf.convert)")
+    p.add_argument(
+        "--model", required=True, help="mlx-lm model folder, or a .gguf file (needs engine.gguf.convert)"
+    )
     p.add_argument("--prompt-tokens", type=int, default=None, help="pad prompts to about N tokens")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated client counts")
@@ -56,9 +58,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--request-model", default="default_model", help="the request's 'model' field")
     p.add_argument("--startup-timeout", type=float, default=900.0)
-    p.add_argument("--client-processes", type=int, default=None,
-                   help="spread the clients of a level over this many processes (default: one per 8 "
-                        "clients, at most a quarter of the CPUs; 1 on small machines)")
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=None,
+        help="spread the clients of a level over this many processes (default: one per 8 "
+        "clients, at most a quarter of the CPUs; 1 on small machines)",
+    )
     p.add_argument("--log-dir", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)

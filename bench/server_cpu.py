@@ -30,9 +30,19 @@ def cpu_s(pid: int) -> float:
 
 def main(args: argparse.Namespace) -> None:
     port = free_port()
-    argv = [sys.executable, "-m", "server", "--model", args.model, "--port", str(port), *args.mlx_serve_args.split()]
-    server = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "server",
+        "--model",
+        args.model,
+        "--port",
+        str(port),
+        *args.mlx_serve_args.split(),
+    ]
+    server = subprocess.Popen(
+        argv, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(timeout=600) as client:
@@ -45,11 +55,20 @@ def main(args: argparse.Namespace) -> None:
                 if server.poll() is not None:
                     raise SystemExit("the server exited")
                 time.sleep(0.5)
-            found = subprocess.run(["pgrep", "-P", str(server.pid), "-f", "spawn_main"],
-                                   check=False, capture_output=True, text=True).stdout.split()
+            found = subprocess.run(
+                ["pgrep", "-P", str(server.pid), "-f", "spawn_main"],
+                check=False,
+                capture_output=True,
+                text=True,
+            ).stdout.split()
             engine = int(found[0]) if found else None  # None: --engine thread
-            body = {"model": "default_model", "messages": [{"role": "user", "content": "Write a long story."}],
-                    "max_tokens": args.tokens, "temperature": 0, "stream": True}
+            body = {
+                "model": "default_model",
+                "messages": [{"role": "user", "content": "Write a long story."}],
+                "max_tokens": args.tokens,
+                "temperature": 0,
+                "stream": True,
+            }
             for _ in range(args.requests):
                 s0, e0, c0 = cpu_s(server.pid), cpu_s(engine) if engine else 0.0, time.process_time()
                 t0, n = time.perf_counter(), 0
@@ -58,9 +77,11 @@ def main(args: argparse.Namespace) -> None:
                         n += line.startswith("data: {")
                 dt = time.perf_counter() - t0
                 s1, e1, c1 = cpu_s(server.pid), cpu_s(engine) if engine else 0.0, time.process_time()
-                print(f"chunks {n} in {dt:.2f}s ({n / dt:.0f}/s): server {1e6 * (s1 - s0) / n:.0f} us/chunk, "
-                      f"engine {1e6 * (e1 - e0) / n:.0f} us/chunk, client {1e6 * (c1 - c0) / n:.0f} us/chunk",
-                      flush=True)
+                print(
+                    f"chunks {n} in {dt:.2f}s ({n / dt:.0f}/s): server {1e6 * (s1 - s0) / n:.0f} us/chunk, "
+                    f"engine {1e6 * (e1 - e0) / n:.0f} us/chunk, client {1e6 * (c1 - c0) / n:.0f} us/chunk",
+                    flush=True,
+                )
     finally:
         os.killpg(server.pid, 15)
         server.wait()

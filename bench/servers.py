@@ -193,7 +193,11 @@ async def mlx_serve_running(args: argparse.Namespace, tag: str, timeout_s: float
     """mlx-serve on args.model (plus args.mlx_serve_args), healthy; yields its base URL."""
     log_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
     spec = ServerSpec(
-        "mlx-serve", Path(args.model), args.mlx_serve_args.split(), dict(os.environ), server_cwd("mlx-serve", log_dir)
+        "mlx-serve",
+        Path(args.model),
+        args.mlx_serve_args.split(),
+        dict(os.environ),
+        server_cwd("mlx-serve", log_dir),
     )
     server = start_server(spec, log_dir / "mlx-serve.log")
     try:

@@ -59,11 +59,21 @@ def direct(model: Any, tokenizer: Any, prompt: list[int], n: int) -> float:
 
 async def over_http(client: httpx.AsyncClient, n: int) -> float:
     # "default_model": the model each server was started with (mlx_lm.server loads any other name)
-    body = {"model": "default_model", "messages": MESSAGES, "max_tokens": n, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "default_model",
+        "messages": MESSAGES,
+        "max_tokens": n,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     record = RequestRecord(0, 0, time.perf_counter())
-    async with client.stream("POST", "/v1/chat/completions", content=orjson.dumps(body),
-                             headers={"content-type": "application/json"}) as response:
+    async with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        content=orjson.dumps(body),
+        headers={"content-type": "application/json"},
+    ) as response:
         response.raise_for_status()
         await read_stream(response, record)
     return record.decode_tps or 0.0
@@ -73,7 +83,12 @@ async def main(args: argparse.Namespace) -> None:
     model, tokenizer = load_as_served(args.model)
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     names = [s for s in args.servers.split(",") if s]
-    rates: dict[str, list[float]] = {"direct": [], "in process": [], "batch cache": [], **{s: [] for s in names}}
+    rates: dict[str, list[float]] = {
+        "direct": [],
+        "in process": [],
+        "batch cache": [],
+        **{s: [] for s in names},
+    }
     async with contextlib.AsyncExitStack() as stack:
         clients: dict[str, httpx.AsyncClient] = {}
         log_dir = Path(tempfile.mkdtemp(prefix="single-stream-"))
@@ -83,7 +98,9 @@ async def main(args: argparse.Namespace) -> None:
             server: RunningServer = start_server(spec, log_dir / f"{name}.log")
             stack.callback(stop_server, server)
             await wait_healthy(server, 900)
-            clients[name] = await stack.enter_async_context(httpx.AsyncClient(base_url=server.base_url, timeout=900))
+            clients[name] = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=server.base_url, timeout=900)
+            )
         local: dict[str, Callable[[], float]] = {
             "direct": lambda: direct(model, tokenizer, prompt, args.tokens),
             "in process": lambda: engine(model, prompt, args.tokens),
@@ -100,7 +117,9 @@ async def main(args: argparse.Namespace) -> None:
                 rates[name].append(fn())
             for name, client in clients.items():
                 rates[name].append(await over_http(client, args.tokens))
-    print(f"device {mx.default_device()}  model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved")
+    print(
+        f"device {mx.default_device()}  model {args.model}  {args.tokens} tokens  {args.rounds} rounds, interleaved"
+    )
     for name, rs in rates.items():
         print(rate_line(name, rs, rates["direct"]), flush=True)
 

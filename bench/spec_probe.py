@@ -31,7 +31,9 @@ def main() -> None:
         n = len(shapes)
         t = time.perf_counter()
         out = step(self, plan)
-        steps.append((time.perf_counter() - t, bool(out.speculation), shapes[-1] if len(shapes) > n else None))
+        steps.append(
+            (time.perf_counter() - t, bool(out.speculation), shapes[-1] if len(shapes) > n else None)
+        )
         return out
 
     BatchRunner.step = timed
@@ -43,8 +45,11 @@ def main() -> None:
                 reqs = [Request(f"a{i}", ids[i % 16], SamplingParams(), 64) for i in range(2 * clients + 2)]
                 o = run(model, spec, reqs, clients, eos)
                 spec_t = [s for s in steps if s[1]]
-                print(f"{clients} clients {kind} rep{rep}: {o.total / o.wall_s:.1f} tok/s, {len(steps)} steps "
-                      f"({len(spec_t)} speculative), total {sum(s[0] for s in steps):.2f}s", flush=True)
+                print(
+                    f"{clients} clients {kind} rep{rep}: {o.total / o.wall_s:.1f} tok/s, {len(steps)} steps "
+                    f"({len(spec_t)} speculative), total {sum(s[0] for s in steps):.2f}s",
+                    flush=True,
+                )
                 for s in sorted(steps, key=lambda s: -s[0])[:6]:
                     print(f"    {s[0] * 1000:8.1f} ms  spec={s[1]}  draft(B, lag, width)={s[2]}")
 

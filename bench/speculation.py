@@ -54,8 +54,12 @@ FILES = (
         "the list of open issues. Anna presents sales, Ben presents support, Carla presents hiring."
     ),
 )
-ASKS = ("Rewrite this exactly, but rename `result` to `value`:", "Repeat this list exactly:",
-        "Copy this code exactly, adding nothing:", "Repeat this note word for word:")
+ASKS = (
+    "Rewrite this exactly, but rename `result` to `value`:",
+    "Repeat this list exactly:",
+    "Copy this code exactly, adding nothing:",
+    "Repeat this note word for word:",
+)
 
 
 @dataclass(slots=True)
@@ -90,17 +94,32 @@ def prompts(tokenizer: Any, count: int) -> list[tuple[int, ...]]:
     out = []
     for i in range(count):
         text = f"{ASKS[i % len(ASKS)]}\n\n{FILES[i % len(FILES)]}"
-        out.append(tuple(tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                       add_generation_prompt=True)))
+        out.append(
+            tuple(
+                tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+            )
+        )
     return out
 
 
-def run(model: Any, spec: Speculation, requests: list[Request], clients: int, eos: frozenset[int],
-        runner: BatchRunner | None = None) -> Outcome:
+def run(
+    model: Any,
+    spec: Speculation,
+    requests: list[Request],
+    clients: int,
+    eos: frozenset[int],
+    runner: BatchRunner | None = None,
+) -> Outcome:
     """Closed loop: `clients` requests in flight until every request has finished. A runner
     passed in keeps what its speculation gate learned before (as a running server's does)."""
-    sched = Scheduler(SchedulerConfig(max_running=max(clients, 1), token_budget=2048,
-                                      draft_tokens=spec.num_draft_tokens if spec.kind else 0), eos)
+    sched = Scheduler(
+        SchedulerConfig(
+            max_running=max(clients, 1),
+            token_budget=2048,
+            draft_tokens=spec.num_draft_tokens if spec.kind else 0,
+        ),
+        eos,
+    )
     runner = runner if runner is not None else BatchRunner(model, speculation=spec)
     todo, out = list(requests), Outcome()
     first: dict[str, float] = {}
@@ -160,17 +179,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--draft")
-    p.add_argument("--draft-layers", help="derive a draft from the target, keeping these layers (e.g. 0,1,15)")
+    p.add_argument(
+        "--draft-layers", help="derive a draft from the target, keeping these layers (e.g. 0,1,15)"
+    )
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--gammas", default="1,2,3,4,5")
     p.add_argument("--clients", default="1,4,16")
     p.add_argument("--agg-gamma", type=int, default=3)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--modes", default="ngram,draft,draft-forced,predict,predict-edited")
-    p.add_argument("--prompts", type=int, default=16, help="distinct prompts (the plain reference answers each)")
+    p.add_argument(
+        "--prompts", type=int, default=16, help="distinct prompts (the plain reference answers each)"
+    )
     p.add_argument("--aggregate-only", action="store_true")
-    p.add_argument("--agg-runs", type=int, default=1,
-                   help="aggregate rounds (plain then every mode); medians of the per-round ratios")
+    p.add_argument(
+        "--agg-runs",
+        type=int,
+        default=1,
+        help="aggregate rounds (plain then every mode); medians of the per-round ratios",
+    )
     args = p.parse_args()
     model, tokenizer = load_as_served(args.model)
     draft = None
@@ -185,8 +212,9 @@ def main() -> None:
     ids = prompts(tokenizer, args.prompts)
     print(f"device {mx.default_device()}  model {args.model}  draft {args.draft}  tokens {args.tokens}")
 
-    def requests(n: int, tag: str, plain: dict[str, list[int]] | None = None, mode: str = "",
-                 gamma: int = 3) -> list[Request]:
+    def requests(
+        n: int, tag: str, plain: dict[str, list[int]] | None = None, mode: str = "", gamma: int = 3
+    ) -> list[Request]:
         out = []
         for i in range(n):
             r = Request(f"{tag}{i}", ids[i % len(ids)], SamplingParams(), args.tokens)
@@ -231,12 +259,20 @@ def main() -> None:
                 unchanged = sum(len(a) if mode == "predict" else len(a) - len(a) // 8 for a in answers)
                 kept.append(o.accepted / unchanged)
             r = statistics.median(rates)
-            share = f"  {statistics.median(kept):.2f} of unchanged tokens accepted" if mode.startswith("predict") else ""
-            print(f"  {mode:<14} γ={gamma} {r:8.1f} tok/s  {r / plain_rate:5.2f}x  acceptance "
-                  f"{statistics.median(acc):.2f}{share}  output {'identical' if same else 'DIFFERS'} to plain",
-                  flush=True)
+            share = (
+                f"  {statistics.median(kept):.2f} of unchanged tokens accepted"
+                if mode.startswith("predict")
+                else ""
+            )
+            print(
+                f"  {mode:<14} γ={gamma} {r:8.1f} tok/s  {r / plain_rate:5.2f}x  acceptance "
+                f"{statistics.median(acc):.2f}{share}  output {'identical' if same else 'DIFFERS'} to plain",
+                flush=True,
+            )
     # aggregate
-    print(f"\naggregate (closed loop, {args.tokens} tokens/request, γ={args.agg_gamma}; tok/s and ratio to plain)")
+    print(
+        f"\naggregate (closed loop, {args.tokens} tokens/request, γ={args.agg_gamma}; tok/s and ratio to plain)"
+    )
     for clients in [int(c) for c in args.clients.split(",")]:
         n = max(2 * clients, 4)
         # An untimed warm-up per mode, on the runner the timed run then uses: first use of a shape
@@ -245,8 +281,10 @@ def main() -> None:
         runners = {}
         for mode in ["plain", *modes]:
             runners[mode] = BatchRunner(model, speculation=spec_for(mode, args.agg_gamma))
-            short = [replace(r, max_tokens=max(args.tokens // 2, 8))
-                     for r in requests(n, "w", reference.tokens, mode)]
+            short = [
+                replace(r, max_tokens=max(args.tokens // 2, 8))
+                for r in requests(n, "w", reference.tokens, mode)
+            ]
             run(model, spec_for(mode, args.agg_gamma), short, clients, eos, runners[mode])
         # Rounds: plain, then every mode, again and again; each round's ratios are to its own
         # plain run, and the medians are reported (a shared GPU host drifts by tens of percent).
@@ -257,16 +295,24 @@ def main() -> None:
             plain = run(model, Speculation(None), requests(n, "a"), clients, eos, runners["plain"])
             rates["plain"].append(plain.total / plain.wall_s)
             for mode in modes:
-                o = run(model, spec_for(mode, args.agg_gamma), requests(n, "a", reference.tokens, mode),
-                        clients, eos, runners[mode])
+                o = run(
+                    model,
+                    spec_for(mode, args.agg_gamma),
+                    requests(n, "a", reference.tokens, mode),
+                    clients,
+                    eos,
+                    runners[mode],
+                )
                 rates[mode].append(o.total / o.wall_s)
                 ratios[mode].append(rates[mode][-1] / rates["plain"][-1])
                 accepted[mode].append(o.acceptance)
         line = f"  {clients:>3} clients  plain {statistics.median(rates['plain']):8.1f}"
         for mode in modes:
-            spread = (f" [{min(ratios[mode]):.2f}-{max(ratios[mode]):.2f}]" if args.agg_runs > 1 else "")
-            line += (f" | {mode} {statistics.median(rates[mode]):8.1f} ({statistics.median(ratios[mode]):4.2f}x"
-                     f"{spread}, acc {statistics.median(accepted[mode]):.2f})")
+            spread = f" [{min(ratios[mode]):.2f}-{max(ratios[mode]):.2f}]" if args.agg_runs > 1 else ""
+            line += (
+                f" | {mode} {statistics.median(rates[mode]):8.1f} ({statistics.median(ratios[mode]):4.2f}x"
+                f"{spread}, acc {statistics.median(accepted[mode]):.2f})"
+            )
         print(line, flush=True)
 
 

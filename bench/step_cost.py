@@ -34,8 +34,11 @@ def filled_runner(model: Any, rows: int, context: int, eos: frozenset[int]) -> B
     sched = Scheduler(SchedulerConfig(max_running=rows, token_budget=max(2048, context)), eos)
     rng = random.Random(0)
     for i in range(rows):
-        sched.add(Request(f"r{i}", tuple(rng.randrange(1000, 20000) for _ in range(context)),
-                          SamplingParams(), 10_000))
+        sched.add(
+            Request(
+                f"r{i}", tuple(rng.randrange(1000, 20000) for _ in range(context)), SamplingParams(), 10_000
+            )
+        )
     while runner.num_rows < rows:
         plan = sched.schedule()
         for sid in plan.admitted:
@@ -53,7 +56,7 @@ def rolled_cut(caches: list[Any], cut: list[int]) -> None:
         c.trim(low)
         if high == low:
             continue
-        keys, values = c.keys[..., :c._idx, :], c.values[..., :c._idx, :]
+        keys, values = c.keys[..., : c._idx, :], c.values[..., : c._idx, :]
         c.keys = dynamic_roll(keys, shift[:, None], axis=2)
         c.values = dynamic_roll(values, shift[:, None], axis=2)
         c.offset, c.left_padding = c.offset - shift, c.left_padding + shift
@@ -95,15 +98,21 @@ def main() -> None:
             logits = model(inputs, cache=gen.prompt_cache)
             mx.eval(logits)
             cut_rows(gen.prompt_cache, [args.width - kept] * args.rows)  # the same cut for all: no holes
+
         return forward
 
     def cut_with(how: Callable[[list[Any], list[int]], None], caches: list[Any]) -> Callable[[], None]:
         def cut() -> None:
             for c in caches:  # write `width` positions, then cut a different count per row
-                c.update_and_fetch(*(mx.zeros((args.rows, c.keys.shape[1], args.width, a.shape[-1]), a.dtype)
-                                     for a in (c.keys, c.values)))
+                c.update_and_fetch(
+                    *(
+                        mx.zeros((args.rows, c.keys.shape[1], args.width, a.shape[-1]), a.dtype)
+                        for a in (c.keys, c.values)
+                    )
+                )
             how(caches, [rng.randint(1, args.width) for _ in range(args.rows)])
             mx.eval([c.state[:4] for c in caches])
+
         return cut
 
     # the baseline rolls a copy of the batch caches (plain BatchKVCaches, as they were)
@@ -119,14 +128,20 @@ def main() -> None:
     def speculate_undrafted() -> None:
         gen.speculate([None] * args.rows)
 
-    parts = {"plain step (pipelined)": plain, "verify forward": forward_keeping(0),
-             "verify forward, grows 1": forward_keeping(1),
-             "cut rows (holes)": cut_with(cut_rows, gen.prompt_cache),
-             "cut rows (rolled, old)": cut_with(rolled_cut, copies), "speculative step": speculate,
-             "speculative, no drafts": speculate_undrafted}
+    parts = {
+        "plain step (pipelined)": plain,
+        "verify forward": forward_keeping(0),
+        "verify forward, grows 1": forward_keeping(1),
+        "cut rows (holes)": cut_with(cut_rows, gen.prompt_cache),
+        "cut rows (rolled, old)": cut_with(rolled_cut, copies),
+        "speculative step": speculate,
+        "speculative, no drafts": speculate_undrafted,
+    }
     cost = {name: timed(fn, args.steps) for name, fn in parts.items()}
-    print(f"device {mx.default_device()}  model {args.model}  rows {args.rows}  context {args.context}  "
-          f"width {args.width}")
+    print(
+        f"device {mx.default_device()}  model {args.model}  rows {args.rows}  context {args.context}  "
+        f"width {args.width}"
+    )
     for name, s in cost.items():
         print(f"  {name:<24} {1000 * s:8.2f} ms  {s / cost['plain step (pipelined)']:5.2f}x plain")
 

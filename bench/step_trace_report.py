@@ -35,7 +35,9 @@ def summary(kind: str, steps: list[dict[str, Any]]) -> str:
     for s in steps:
         for k, v in s["phases"].items():
             per[k] += v
-    parts = ", ".join(f"{k} {1e3 * v / len(steps):.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+    parts = ", ".join(
+        f"{k} {1e3 * v / len(steps):.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])
+    )
     gaps = statistics.mean(s["gap"] for s in steps)
     joined = statistics.mean(s["joined"] for s in steps)
     return (
@@ -59,7 +61,9 @@ def main() -> None:
             wall = part[-1]["t"] + part[-1]["wall"] - part[0]["t"]
             rows = statistics.mean(s["rows"] for s in part)
             tokens = sum(s["rows"] for s in part)
-            print(f" stretch {i}: {len(part)} steps over {wall:.2f} s, mean rows {rows:.1f}, ~{tokens / wall:,.0f} rows/s")
+            print(
+                f" stretch {i}: {len(part)} steps over {wall:.2f} s, mean rows {rows:.1f}, ~{tokens / wall:,.0f} rows/s"
+            )
             print(summary("plain", [s for s in part if not s["joined"]]))
             print(summary("join", [s for s in part if s["joined"]]))
 

@@ -155,7 +155,9 @@ def direct_rate(model: Any, tokenizer: Any, prompt: list[int], n: int) -> float:
     return rate(direct_stamps(model, tokenizer, prompt, n, time.perf_counter))
 
 
-def direct_stamps(model: Any, tokenizer: Any, prompt: list[int], n: int, stamp: Callable[[], Any]) -> list[Any]:
+def direct_stamps(
+    model: Any, tokenizer: Any, prompt: list[int], n: int, stamp: Callable[[], Any]
+) -> list[Any]:
     """`stamp()` at each token `stream_generate` yields."""
     return [stamp() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)]
 
@@ -174,14 +176,24 @@ def worker(conn: Any, path: str, pin: int | None = None) -> None:
             conn.send(direct_rate(model, tokenizer, prompt, n))
         elif what.startswith("served core framed") or what == "served core syscall":
             if what not in sends:
-                sends[what] = timed(null_writer() if what.endswith("syscall") else framed_reader(pin, poll=what.endswith(" poll")), what)
+                sends[what] = timed(
+                    null_writer()
+                    if what.endswith("syscall")
+                    else framed_reader(pin, poll=what.endswith(" poll")),
+                    what,
+                )
             every = 4 if what.endswith(" every 4") else 1
             conn.send(rate(core_stamps(as_served, prompt, n, time.perf_counter, sends[what], every)))
         else:
-            conn.send(core_rate(as_served if what == "served core" else bare_core(model, tokenizer), prompt, n))
+            conn.send(
+                core_rate(as_served if what == "served core" else bare_core(model, tokenizer), prompt, n)
+            )
     for what, took in SEND_US.items():
-        print(f"  {what}: a step's send took {statistics.median(took):.1f} us median, "
-              f"p90 {percentile(took, 90) or 0.0:.1f} us ({len(took)} sends)", flush=True)
+        print(
+            f"  {what}: a step's send took {statistics.median(took):.1f} us median, "
+            f"p90 {percentile(took, 90) or 0.0:.1f} us ({len(took)} sends)",
+            flush=True,
+        )
 
 
 SEND_US: dict[str, list[float]] = {}  # the worker's sends, timed: printed when it stops
@@ -237,8 +249,12 @@ async def served_once(client: httpx.AsyncClient, n: int, lazy_s: float = 0.0) ->
     is then the measure)."""
     body = {"model": "default_model", "messages": MESSAGES, "max_tokens": n, "temperature": 0, "stream": True}
     times: list[float] = []
-    async with client.stream("POST", "/v1/chat/completions", content=orjson.dumps(body),
-                             headers={"content-type": "application/json"}) as r:
+    async with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        content=orjson.dumps(body),
+        headers={"content-type": "application/json"},
+    ) as r:
         if lazy_s:
             await asyncio.sleep(lazy_s)
         async for line in r.aiter_lines():
@@ -271,8 +287,12 @@ async def main(args: argparse.Namespace) -> None:
     extra = args.mlx_serve_args.split()
     servers, clients, traces = {}, {}, {}
     try:
-        for name, flags in (("served process", []), ("served thread", ["--engine", "thread"]),
-                            ("served plain", ["--no-warmup", "--prompt-cache-size", "0"]), ("served parent", [])):
+        for name, flags in (
+            ("served process", []),
+            ("served thread", ["--engine", "thread"]),
+            ("served plain", ["--no-warmup", "--prompt-cache-size", "0"]),
+            ("served parent", []),
+        ):
             if name not in chosen and not (name == "served process" and "served lazy" in chosen):
                 continue
             tag = name.split()[1]
@@ -283,7 +303,9 @@ async def main(args: argparse.Namespace) -> None:
                     raise SystemExit("served parent needs --parent-tree DIR")
                 cwd = Path(args.parent_tree).resolve()
                 env["PYTHONPATH"] = os.pathsep.join([str(cwd), *filter(None, [env.get("PYTHONPATH")])])
-            spec = ServerSpec("mlx-serve", Path(args.model), [*flags, "--trace", str(traces[name]), *extra], env, cwd)
+            spec = ServerSpec(
+                "mlx-serve", Path(args.model), [*flags, "--trace", str(traces[name]), *extra], env, cwd
+            )
             servers[name] = start_server(spec, log_dir / f"{tag}.log")
             await wait_healthy(servers[name], 900)
             await wait_warmed(servers[name], 900)
@@ -302,8 +324,18 @@ async def main(args: argparse.Namespace) -> None:
             "served core framed every 4": lambda: in_worker("served core framed every 4"),
             "served core syscall": lambda: in_worker("served core syscall"),
         }
-        names = [n for n in (*local, "served process", "served lazy", "served thread", "served plain", "served parent")
-                 if n in chosen]
+        names = [
+            n
+            for n in (
+                *local,
+                "served process",
+                "served lazy",
+                "served thread",
+                "served plain",
+                "served parent",
+            )
+            if n in chosen
+        ]
         rates: dict[str, list[float]] = {k: [] for k in names}
         order: list[str] = []  # which server each traced request went to
         for r in range(args.rounds + 2):  # two warm-up rounds
@@ -341,7 +373,9 @@ async def main(args: argparse.Namespace) -> None:
 def engine_pid(server_pid: int) -> int | None:
     """The engine process under a server (multiprocessing's spawned child, not its resource
     tracker; none with `--engine thread`). Its main thread runs the core."""
-    spawned = [p for p in descendants(server_pid)[1:] if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    spawned = [
+        p for p in descendants(server_pid)[1:] if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()
+    ]
     return spawned[0] if spawned else None
 
 
@@ -349,9 +383,12 @@ def engine_clock(traces: dict[str, Path], order: list[str], name: str, n: int) -
     """Decode rates by the engine's --trace clock of the timed requests `name` sent."""
     server = "served process" if name == "served lazy" else name
     sent = [x for x in order if x in (server, "served lazy" if server == "served process" else "")]
-    lines = [orjson.loads(x) for x in traces[server].read_text().splitlines()][-len(sent):]
-    return [(n - 1) / (e["finished"] - e["first_token"])
-            for who, e in zip(sent, (x["engine_s"][0] for x in lines), strict=True) if who == name]
+    lines = [orjson.loads(x) for x in traces[server].read_text().splitlines()][-len(sent) :]
+    return [
+        (n - 1) / (e["finished"] - e["first_token"])
+        for who, e in zip(sent, (x["engine_s"][0] for x in lines), strict=True)
+        if who == name
+    ]
 
 
 if __name__ == "__main__":
@@ -360,12 +397,25 @@ if __name__ == "__main__":
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--mlx-serve-args", default="", help="extra mlx-serve flags for both servers")
-    p.add_argument("--reference", default="direct here", choices=("direct here", "direct worker"),
-                   help="what the ratios are to")
-    p.add_argument("--contexts", default="direct here,core here,direct worker,core worker,served core,served core framed,"
-                   "served process,served lazy,served thread,served plain", help="which contexts, comma-separated")
+    p.add_argument(
+        "--reference",
+        default="direct here",
+        choices=("direct here", "direct worker"),
+        help="what the ratios are to",
+    )
+    p.add_argument(
+        "--contexts",
+        default="direct here,core here,direct worker,core worker,served core,served core framed,"
+        "served process,served lazy,served thread,served plain",
+        help="which contexts, comma-separated",
+    )
     p.add_argument("--parent-tree", default="", metavar="DIR", help="the checkout `served parent` runs from")
-    p.add_argument("--pin", type=int, default=None, metavar="CPU",
-                   help="Linux: run every decoding thread (the worker's, the served engine's) on this CPU, "
-                        "and this process (the clients) and the servers on the others")
+    p.add_argument(
+        "--pin",
+        type=int,
+        default=None,
+        metavar="CPU",
+        help="Linux: run every decoding thread (the worker's, the served engine's) on this CPU, "
+        "and this process (the clients) and the servers on the others",
+    )
     asyncio.run(main(p.parse_args()))

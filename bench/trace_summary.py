@@ -49,8 +49,10 @@ def summarize(lines: list[dict[str, Any]]) -> str:
             table.setdefault(name, []).append(value)
     rows = [f"{len(lines)} requests; ms from arrival at the server (p50 / p95 / max)"]
     for name, values in table.items():
-        rows.append(f"  {name:<26} {statistics.median(values) * 1000:9.1f} {quantile(values, 0.95) * 1000:9.1f}"
-                    f" {max(values) * 1000:9.1f}")
+        rows.append(
+            f"  {name:<26} {statistics.median(values) * 1000:9.1f} {quantile(values, 0.95) * 1000:9.1f}"
+            f" {max(values) * 1000:9.1f}"
+        )
     return "\n".join(rows)
 
 
@@ -60,7 +62,7 @@ def main() -> None:
     p.add_argument("--last", type=int, default=None, help="only the last N requests")
     args = p.parse_args()
     lines = [orjson.loads(x) for x in args.trace.read_bytes().splitlines() if x.strip()]
-    print(summarize(lines[-args.last:] if args.last else lines))
+    print(summarize(lines[-args.last :] if args.last else lines))
 
 
 if __name__ == "__main__":

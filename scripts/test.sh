@@ -36,9 +36,9 @@ else
   echo "warning: npm not found; the Claude Code and Codex tests are skipped"
 fi
 
-echo "== ruff check (and tests/ bench/), ruff format --check, mypy --strict (server/ protocols/ engine/)"
+echo "== ruff check, ruff format --check (server/ protocols/ engine/ tests/ bench/), mypy --strict (server/ protocols/ engine/)"
 .venv/bin/ruff check server protocols engine tests bench
-.venv/bin/ruff format --check server protocols engine
+.venv/bin/ruff format --check server protocols engine tests bench
 .venv/bin/mypy --strict server protocols engine
 
 # Run on OpenBLAS when it is there, as mlx-serve itself does (the bundled BLAS is 10-25x slower).

@@ -108,9 +108,14 @@ def test_a_level_spread_over_client_processes_sends_every_request_once() -> None
                 seen.append(body["messages"][0]["content"])
                 in_flight[0] += 1
                 most[0] = max(most[0], in_flight[0])
-            payload = sse(chunk("a"), chunk("b"),
-                          '{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}', "[DONE]")
+            payload = sse(
+                chunk("a"),
+                chunk("b"),
+                '{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}',
+                "[DONE]",
+            )
             import time
+
             time.sleep(0.05)
             with lock:
                 in_flight[0] -= 1
@@ -126,9 +131,16 @@ def test_a_level_spread_over_client_processes_sends_every_request_once() -> None
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        prompt = lambda i: Prompt(variant=i % 3, messages=[{"role": "user", "content": f"q{i}"}], num_tokens=None)
-        level = asyncio.run(run_level(f"http://127.0.0.1:{server.server_address[1]}",
-                                      LoadSpec(6, 20, 8, 100, "m", prompt), processes=3))
+        prompt = lambda i: Prompt(
+            variant=i % 3, messages=[{"role": "user", "content": f"q{i}"}], num_tokens=None
+        )
+        level = asyncio.run(
+            run_level(
+                f"http://127.0.0.1:{server.server_address[1]}",
+                LoadSpec(6, 20, 8, 100, "m", prompt),
+                processes=3,
+            )
+        )
     finally:
         server.shutdown()
     assert sorted(seen) == sorted(f"q{i}" for i in range(100, 120))

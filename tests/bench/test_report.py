@@ -37,18 +37,36 @@ def test_ratio_lines_compare_servers_and_direct() -> None:
 def test_trace_summary_splits_ttft_into_queue_prefill_and_the_hops_between_processes() -> None:
     from bench.trace_summary import phases, summarize
 
-    line = {"phases_s": {"body_read": 0.001, "submitted": 0.01, "first_token": 0.56, "first_write": 0.011,
-                         "end": 2.0},
-            "engine_s": [{"engine_in": 0.03, "admission_wait": 0.4, "prefill_chunks": [[75, 0.45]],
-                          "first_token": 0.5, "finished": 1.9}]}
+    line = {
+        "phases_s": {
+            "body_read": 0.001,
+            "submitted": 0.01,
+            "first_token": 0.56,
+            "first_write": 0.011,
+            "end": 2.0,
+        },
+        "engine_s": [
+            {
+                "engine_in": 0.03,
+                "admission_wait": 0.4,
+                "prefill_chunks": [[75, 0.45]],
+                "first_token": 0.5,
+                "finished": 1.9,
+            }
+        ],
+    }
     got = phases(line)
     assert abs(got["engine_admission_wait"] - 0.43) < 1e-9  # the engine clock starts when it took it in
     assert abs(got["prefill_after_admission"] - 0.1) < 1e-9
     assert abs(got["engine_to_server"] - 0.03) < 1e-9  # first token: engine 0.53, server 0.56
     held = phases({**line, "engine_s": [{**line["engine_s"][0], "first_delta": 0.52}]})
     assert abs(held["engine_to_server"] - 0.01) < 1e-9  # its text went out at 0.55: the hop is 0.01
-    old = phases({"phases_s": {"submitted": 0.01, "first_token": 0.6},
-                  "engine_s": [{"admission_wait": 0.4, "first_token": 0.5}]})  # no engine_in: from submit
+    old = phases(
+        {
+            "phases_s": {"submitted": 0.01, "first_token": 0.6},
+            "engine_s": [{"admission_wait": 0.4, "first_token": 0.5}],
+        }
+    )  # no engine_in: from submit
     assert abs(old["engine_first_token"] - 0.51) < 1e-9
     text = summarize([line, {"phases_s": {"submitted": 0.02, "first_write": None}, "engine_s": [None]}])
     assert text.startswith("2 requests") and "engine_admission_wait" in text

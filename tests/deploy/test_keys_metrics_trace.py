@@ -31,8 +31,14 @@ def server(smollm_path: Path, folder: Path) -> Iterator[ServerProcess]:
     keys.chmod(0o600)
     s = ServerProcess(
         [
-            "--model", str(smollm_path), "--api-key-file", str(keys), "--trace", str(folder / "trace.jsonl"),
-            "--allowed-origins", ALLOWED,
+            "--model",
+            str(smollm_path),
+            "--api-key-file",
+            str(keys),
+            "--trace",
+            str(folder / "trace.jsonl"),
+            "--allowed-origins",
+            ALLOWED,
         ],
         folder / "server.log",
         env={"MLX_SERVE_API_KEY": ENV_KEY},
@@ -67,7 +73,10 @@ def test_sdks_get_401_in_their_own_format(server: ServerProcess) -> None:
 def test_cors_over_real_http_preflight_and_401(server: ServerProcess) -> None:
     """A browser sees the 401 body (not a CORS failure) from an allowed origin, and nothing from another."""
     url = server.url + "/v1/chat/completions"
-    pre = {"access-control-request-method": "POST", "access-control-request-headers": "authorization,content-type"}
+    pre = {
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization,content-type",
+    }
     ok = httpx.options(url, headers={"origin": ALLOWED, **pre}, timeout=10)
     assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ALLOWED
     assert "POST" in ok.headers["access-control-allow-methods"]
@@ -155,7 +164,9 @@ def test_trace_and_log_line_per_request(server: ServerProcess, folder: Path) -> 
     # the first delta the engine sent (its text, once whole) left after the first token and before
     # the server had it
     assert engine["first_token"] <= engine["first_delta"] <= p["first_token"] - engine["engine_in"]
-    assert sum(n for n, _ in engine["prefill_chunks"]) >= 1 and all(s > 0 for _, s in engine["prefill_chunks"])
+    assert sum(n for n, _ in engine["prefill_chunks"]) >= 1 and all(
+        s > 0 for _, s in engine["prefill_chunks"]
+    )
     logged = [ln for ln in server.log().splitlines() if f"request id={r.id} " in ln]
     assert len(logged) == 1 and "status=200" in logged[0] and "completion_tokens=4" in logged[0]
     assert "ttft_ms=" in logged[0] and "duration_ms=" in logged[0]

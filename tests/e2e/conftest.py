@@ -18,8 +18,9 @@ def oracle(smollm_path: Path) -> Any:
     model, tokenizer = load(str(smollm_path))
     model = maybe_dequantize(model)  # the weights the server runs (float32 on a CPU)
 
-    def reference(messages: list[dict[str, str]] | None = None, prompt: str | None = None,
-                  max_tokens: int = 40) -> tuple[str, int]:
+    def reference(
+        messages: list[dict[str, str]] | None = None, prompt: str | None = None, max_tokens: int = 40
+    ) -> tuple[str, int]:
         if messages is not None:
             ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         else:

@@ -19,12 +19,19 @@ from tests.support.server_proc import ServerProcess, assert_disconnect_stops_gen
 QUESTION: Any = [{"role": "user", "content": "What is the capital of France?"}]
 STORY: Any = [{"role": "user", "content": "Write a very long story about a dragon who learns to cook."}]
 SYSTEM = "You are a geography teacher. Answer in one sentence."
-WEATHER: Any = {"name": "get_weather", "description": "Get the current weather in a city",
-                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                                 "required": ["city"]}}
-CHAT_WEATHER: Any = {"type": "function", "function": {
-    "name": WEATHER["name"], "description": WEATHER["description"],
-    "parameters": WEATHER["input_schema"]}}
+WEATHER: Any = {
+    "name": "get_weather",
+    "description": "Get the current weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+CHAT_WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": WEATHER["name"],
+        "description": WEATHER["description"],
+        "parameters": WEATHER["input_schema"],
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -71,51 +78,84 @@ def test_stream_final_message_equals_create(client: anthropic.Anthropic, chat: o
 
 
 def test_system_and_multi_turn_match_chat(client: anthropic.Anthropic, chat: openai.OpenAI) -> None:
-    turns: Any = [*QUESTION, {"role": "assistant", "content": "Paris."},
-                  {"role": "user", "content": "And of Italy?"}]
+    turns: Any = [
+        *QUESTION,
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And of Italy?"},
+    ]
     m = client.messages.create(model="m", max_tokens=20, system=SYSTEM, messages=turns)
-    c = chat.chat.completions.create(model="m", max_tokens=20,
-                                     messages=[{"role": "system", "content": SYSTEM}, *turns])
+    c = chat.chat.completions.create(
+        model="m", max_tokens=20, messages=[{"role": "system", "content": SYSTEM}, *turns]
+    )
     assert text_of(m) == c.choices[0].message.content
     assert c.usage is not None and prompt_tokens(m.usage) == c.usage.prompt_tokens
     # A system message inside `messages` (recent Claude Code) joins the system prompt.
-    inline = client.messages.create(model="m", max_tokens=20,
-                                    messages=[{"role": "system", "content": SYSTEM}, *turns])
+    inline = client.messages.create(
+        model="m", max_tokens=20, messages=[{"role": "system", "content": SYSTEM}, *turns]
+    )
     assert prompt_tokens(inline.usage) == c.usage.prompt_tokens
 
 
-def test_count_tokens_equals_chat_prompt_tokens(client: anthropic.Anthropic,
-                                                chat: openai.OpenAI) -> None:
+def test_count_tokens_equals_chat_prompt_tokens(client: anthropic.Anthropic, chat: openai.OpenAI) -> None:
     count = client.messages.count_tokens(model="m", system=SYSTEM, messages=QUESTION)
-    c = chat.chat.completions.create(model="m", max_tokens=1,
-                                     messages=[{"role": "system", "content": SYSTEM}, *QUESTION])
+    c = chat.chat.completions.create(
+        model="m", max_tokens=1, messages=[{"role": "system", "content": SYSTEM}, *QUESTION]
+    )
     assert c.usage is not None and count.input_tokens == c.usage.prompt_tokens
 
 
-def test_tool_round_trip_in_the_input_matches_chat(client: anthropic.Anthropic,
-                                                   chat: openai.OpenAI) -> None:
+def test_tool_round_trip_in_the_input_matches_chat(client: anthropic.Anthropic, chat: openai.OpenAI) -> None:
     ask = {"role": "user", "content": "What is the weather in Paris? Use the tool."}
-    m = client.messages.create(model="m", max_tokens=30, tools=[WEATHER], messages=[
-        ask,
-        {"role": "assistant", "content": [
-            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 24 C"}]},
-    ])
-    c = chat.chat.completions.create(model="m", max_tokens=30, tools=[CHAT_WEATHER], messages=[
-        ask,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "toolu_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny, 24 C"},
-    ])
+    m = client.messages.create(
+        model="m",
+        max_tokens=30,
+        tools=[WEATHER],
+        messages=[
+            ask,
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 24 C"}],
+            },
+        ],
+    )
+    c = chat.chat.completions.create(
+        model="m",
+        max_tokens=30,
+        tools=[CHAT_WEATHER],
+        messages=[
+            ask,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "toolu_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny, 24 C"},
+        ],
+    )
     assert c.usage is not None and prompt_tokens(m.usage) == c.usage.prompt_tokens
     assert text_of(m) == (c.choices[0].message.content or "")
 
 
 def test_tool_prompt_answers_in_the_wire_shape(client: anthropic.Anthropic) -> None:
-    m = client.messages.create(model="m", max_tokens=60, tools=[WEATHER], tool_choice={"type": "auto"},
-                               messages=[{"role": "user", "content": "Call get_weather for Paris."}])
+    m = client.messages.create(
+        model="m",
+        max_tokens=60,
+        tools=[WEATHER],
+        tool_choice={"type": "auto"},
+        messages=[{"role": "user", "content": "Call get_weather for Paris."}],
+    )
     assert m.stop_reason in ("end_turn", "max_tokens", "tool_use")
     assert {b.type for b in m.content} <= {"text", "tool_use", "thinking"}
     for block in m.content:
@@ -123,24 +163,48 @@ def test_tool_prompt_answers_in_the_wire_shape(client: anthropic.Anthropic) -> N
             assert block.id.startswith("toolu_") and isinstance(block.input, dict)
 
 
-def test_errors_use_anthropic_envelope(client: anthropic.Anthropic,
-                                       smollm_server: ServerProcess) -> None:
+def test_errors_use_anthropic_envelope(client: anthropic.Anthropic, smollm_server: ServerProcess) -> None:
     with pytest.raises(anthropic.BadRequestError) as e:
-        client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": [
-            {"type": "image", "source": {"type": "url", "url": "http://example.com/cat.png"}}]}])
-    assert e.value.body == {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "this model has no vision input"}}
+        client.messages.create(
+            model="m",
+            max_tokens=10,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "url", "url": "http://example.com/cat.png"}}
+                    ],
+                }
+            ],
+        )
+    assert e.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "this model has no vision input"},
+    }
     with pytest.raises(anthropic.BadRequestError) as e:
-        client.messages.create(model="m", max_tokens=10, messages=QUESTION,
-                               tool_choice={"type": "tool", "name": "nope"}, tools=[WEATHER])
+        client.messages.create(
+            model="m",
+            max_tokens=10,
+            messages=QUESTION,
+            tool_choice={"type": "tool", "name": "nope"},
+            tools=[WEATHER],
+        )
     assert "not among the tools offered" in e.value.body["error"]["message"]  # type: ignore[index]
     with pytest.raises(anthropic.BadRequestError) as e:
-        client.messages.create(model="m", max_tokens=10, messages=QUESTION, stream=True, output_config={
-            "format": {"type": "json_schema", "schema": {"type": "foo"}}})
+        client.messages.create(
+            model="m",
+            max_tokens=10,
+            messages=QUESTION,
+            stream=True,
+            output_config={"format": {"type": "json_schema", "schema": {"type": "foo"}}},
+        )
     assert e.value.body["error"]["message"] == "invalid JSON schema: Invalid type: foo"  # type: ignore[index]
     url = smollm_server.url + "/v1/messages"
-    for body in (b"{", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
-                 b'{"model": "m", "max_tokens": 5, "messages": []}'):
+    for body in (
+        b"{",
+        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
+        b'{"model": "m", "max_tokens": 5, "messages": []}',
+    ):
         r = httpx.post(url, content=body, headers={"content-type": "application/json"})
         assert r.status_code == 400, body
         assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"

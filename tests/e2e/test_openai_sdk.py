@@ -41,8 +41,9 @@ def test_chat_greedy_matches_mlx_lm_generate(client: openai.OpenAI, oracle: Any)
 
 def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
     whole = client.chat.completions.create(model="m", messages=STORY, max_tokens=48)
-    stream = client.chat.completions.create(model="m", messages=STORY, max_tokens=48, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="m", messages=STORY, max_tokens=48, stream=True, stream_options={"include_usage": True}
+    )
     pieces, finish, usage = [], None, None
     for chunk in stream:
         if chunk.usage is not None:
@@ -60,8 +61,11 @@ def test_completions_greedy_matches_mlx_lm_generate(client: openai.OpenAI, oracl
     want, n = oracle(prompt=prompt, max_tokens=24)
     r = client.completions.create(model="m", prompt=prompt, max_tokens=24, temperature=0)
     assert r.choices[0].text == want and r.usage is not None and r.usage.completion_tokens == n
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="m", prompt=prompt, max_tokens=24, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model="m", prompt=prompt, max_tokens=24, stream=True)
+        if c.choices
+    )
     assert streamed == want
 
 
@@ -72,15 +76,21 @@ def test_chat_stop_string_is_not_leaked(client: openai.OpenAI, oracle: Any) -> N
     r = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=30, stop=[stop])
     assert r.choices[0].message.content == want[: want.index(stop)]
     assert r.choices[0].finish_reason == "stop"
-    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model="m", messages=QUESTION, max_tokens=30, stop=stop, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model="m", messages=QUESTION, max_tokens=30, stop=stop, stream=True
+        )
+        if c.choices
+    )
     assert streamed == want[: want.index(stop)]
 
 
 def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
     def once(seed: int) -> str:
-        r = client.chat.completions.create(model="m", messages=STORY, max_tokens=24, temperature=1.0,
-                                           seed=seed)
+        r = client.chat.completions.create(
+            model="m", messages=STORY, max_tokens=24, temperature=1.0, seed=seed
+        )
         return r.choices[0].message.content or ""
 
     assert once(7) == once(7)
@@ -112,8 +122,11 @@ def test_health_answers_while_generating(smollm_server: ServerProcess) -> None:
     done = threading.Event()
 
     def generate() -> None:
-        httpx.post(smollm_server.url + "/v1/chat/completions",
-                   json={"messages": STORY, "max_tokens": 120}, timeout=120)
+        httpx.post(
+            smollm_server.url + "/v1/chat/completions",
+            json={"messages": STORY, "max_tokens": 120},
+            timeout=120,
+        )
         done.set()
 
     t = threading.Thread(target=generate)
@@ -138,8 +151,9 @@ def test_second_turn_reuses_the_prefix_cache(client: openai.OpenAI, oracle: Any)
     assert second.choices[0].message.content == want  # reusing KV changes nothing in the answer
 
 
-def test_n_choices_share_one_prefill(client: openai.OpenAI, smollm_server: ServerProcess,
-                                     oracle: Any) -> None:
+def test_n_choices_share_one_prefill(
+    client: openai.OpenAI, smollm_server: ServerProcess, oracle: Any
+) -> None:
     want, _ = oracle(messages=QUESTION, max_tokens=12)
     before = smollm_server.stats()
     r = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, n=3)
@@ -149,8 +163,7 @@ def test_n_choices_share_one_prefill(client: openai.OpenAI, smollm_server: Serve
     prompt = r.usage.prompt_tokens  # type: ignore[union-attr]
     computed = int(after["prefill_tokens"]) - int(before["prefill_tokens"])
     assert computed <= prompt + 2  # one prefill, plus the last prompt token of each other choice
-    streamed = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, n=2,
-                                              stream=True)
+    streamed = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, n=2, stream=True)
     texts = ["", ""]
     for chunk in streamed:
         for c in chunk.choices:
@@ -178,8 +191,9 @@ def test_max_tokens_beyond_the_context_is_clamped_and_said(smollm_server: Server
 def test_logprobs_agree_with_the_greedy_choice(client: openai.OpenAI) -> None:
     import math
 
-    r = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, logprobs=True,
-                                       top_logprobs=5, n=2)
+    r = client.chat.completions.create(
+        model="m", messages=QUESTION, max_tokens=12, logprobs=True, top_logprobs=5, n=2
+    )
     for choice in r.choices:  # two rows of one batch
         content = choice.logprobs.content  # type: ignore[union-attr]
         assert "".join(t.token for t in content) == choice.message.content  # type: ignore[union-attr]
@@ -188,13 +202,19 @@ def test_logprobs_agree_with_the_greedy_choice(client: openai.OpenAI) -> None:
             assert t.logprob == max(a.logprob for a in t.top_logprobs) <= 0
             assert sum(math.exp(a.logprob) for a in t.top_logprobs) <= 1.0 + 1e-5
             assert bytes(t.bytes or []) == t.token.encode()
-    streamed = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, logprobs=True,
-                                              stream=True)
-    tokens = [t.token for c in streamed if c.choices and c.choices[0].logprobs
-              for t in c.choices[0].logprobs.content or []]
+    streamed = client.chat.completions.create(
+        model="m", messages=QUESTION, max_tokens=12, logprobs=True, stream=True
+    )
+    tokens = [
+        t.token
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content or []
+    ]
     assert "".join(tokens) == r.choices[0].message.content
-    legacy = client.completions.create(model="m", prompt="The three primary colors are", max_tokens=8,
-                                       logprobs=3)
+    legacy = client.completions.create(
+        model="m", prompt="The three primary colors are", max_tokens=8, logprobs=3
+    )
     lp = legacy.choices[0].logprobs
     assert lp is not None and len(lp.tokens or []) == len(lp.token_logprobs or []) == 8
     assert all(len(top) == 3 for top in lp.top_logprobs or [])

@@ -17,13 +17,21 @@ from tests.support.server_proc import ServerProcess, assert_disconnect_stops_gen
 QUESTION = "What is the capital of France?"
 STORY = "Write a very long story about a dragon who learns to cook."
 SYSTEM = "You are a geography teacher. Answer in one sentence."
-WEATHER: Any = {"type": "function", "name": "get_weather",
-                "description": "Get the current weather in a city",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                               "required": ["city"]}, "strict": False}
-CHAT_WEATHER: Any = {"type": "function", "function": {
-    "name": WEATHER["name"], "description": WEATHER["description"],
-    "parameters": WEATHER["parameters"]}}
+WEATHER: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "strict": False,
+}
+CHAT_WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": WEATHER["name"],
+        "description": WEATHER["description"],
+        "parameters": WEATHER["parameters"],
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +39,7 @@ def client(smollm_server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=smollm_server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def chat_answer(client: openai.OpenAI, messages: Any, max_tokens: int, **fields: Any
-                ) -> tuple[str, int, int]:
+def chat_answer(client: openai.OpenAI, messages: Any, max_tokens: int, **fields: Any) -> tuple[str, int, int]:
     c = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, **fields)
     assert c.usage is not None
     return c.choices[0].message.content or "", c.usage.prompt_tokens, c.usage.completion_tokens
@@ -54,15 +61,21 @@ def test_create_matches_the_chat_endpoint(client: openai.OpenAI) -> None:
 
 
 def test_instructions_and_items_match_chat(client: openai.OpenAI) -> None:
-    turns: Any = [{"role": "user", "content": QUESTION},
-                  {"role": "assistant", "content": "Paris."},
-                  {"role": "user", "content": [{"type": "input_text", "text": "And of Italy?"}]}]
+    turns: Any = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": [{"type": "input_text", "text": "And of Italy?"}]},
+    ]
     r = client.responses.create(model="m", instructions=SYSTEM, input=turns, max_output_tokens=20)
-    text, prompt, _ = chat_answer(client, [{"role": "system", "content": SYSTEM}, *turns[:2],
-                                           {"role": "user", "content": "And of Italy?"}], 20)
+    text, prompt, _ = chat_answer(
+        client,
+        [{"role": "system", "content": SYSTEM}, *turns[:2], {"role": "user", "content": "And of Italy?"}],
+        20,
+    )
     assert r.output_text == text and usage_of(r)[0] == prompt
-    dev = client.responses.create(model="m", max_output_tokens=20,
-                                  input=[{"role": "developer", "content": SYSTEM}, *turns])
+    dev = client.responses.create(
+        model="m", max_output_tokens=20, input=[{"role": "developer", "content": SYSTEM}, *turns]
+    )
     assert usage_of(dev)[0] == prompt
 
 
@@ -90,14 +103,19 @@ def test_max_output_tokens_makes_it_incomplete(client: openai.OpenAI) -> None:
 
 
 def test_previous_response_id_continues_the_conversation(client: openai.OpenAI) -> None:
-    first = client.responses.create(model="m", input="My name is Ada. Say hello to me.",
-                                    max_output_tokens=20)
-    second = client.responses.create(model="m", previous_response_id=first.id,
-                                     input="What is my name?", max_output_tokens=20)
-    text, prompt, _ = chat_answer(client, [
-        {"role": "user", "content": "My name is Ada. Say hello to me."},
-        {"role": "assistant", "content": first.output_text},
-        {"role": "user", "content": "What is my name?"}], 20)
+    first = client.responses.create(model="m", input="My name is Ada. Say hello to me.", max_output_tokens=20)
+    second = client.responses.create(
+        model="m", previous_response_id=first.id, input="What is my name?", max_output_tokens=20
+    )
+    text, prompt, _ = chat_answer(
+        client,
+        [
+            {"role": "user", "content": "My name is Ada. Say hello to me."},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "What is my name?"},
+        ],
+        20,
+    )
     assert second.previous_response_id == first.id
     assert second.output_text == text and usage_of(second)[0] == prompt
 
@@ -109,8 +127,12 @@ def test_retrieve_delete_and_unknown_ids(client: openai.OpenAI) -> None:
     client.responses.delete(made.id)
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.retrieve(made.id)
-    assert e.value.body == {"message": f"Response with id '{made.id}' not found.",
-                            "type": "invalid_request_error", "param": None, "code": None}
+    assert e.value.body == {
+        "message": f"Response with id '{made.id}' not found.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.create(model="m", input="hi", previous_response_id="resp_unknown")
     assert e.value.param == "previous_response_id"
@@ -121,25 +143,52 @@ def test_retrieve_delete_and_unknown_ids(client: openai.OpenAI) -> None:
 
 def test_function_call_round_trip_in_the_input_matches_chat(client: openai.OpenAI) -> None:
     ask = {"role": "user", "content": "What is the weather in Paris? Use the tool."}
-    r = client.responses.create(model="m", tools=[WEATHER], max_output_tokens=30, input=[
-        ask,
-        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
-         "arguments": '{"city": "Paris"}'},
-        {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 24 C"},
-    ])
-    text, prompt, _ = chat_answer(client, [
-        ask,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 C"}], 30,
-        tools=[CHAT_WEATHER])
+    r = client.responses.create(
+        model="m",
+        tools=[WEATHER],
+        max_output_tokens=30,
+        input=[
+            ask,
+            {
+                "type": "function_call",
+                "call_id": "call_1",
+                "name": "get_weather",
+                "arguments": '{"city": "Paris"}',
+            },
+            {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 24 C"},
+        ],
+    )
+    text, prompt, _ = chat_answer(
+        client,
+        [
+            ask,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 C"},
+        ],
+        30,
+        tools=[CHAT_WEATHER],
+    )
     assert usage_of(r)[0] == prompt and r.output_text == text
 
 
 def test_tool_prompt_answers_in_the_wire_shape(client: openai.OpenAI) -> None:
-    r = client.responses.create(model="m", tools=[WEATHER], tool_choice="auto",
-                                input="Call get_weather for Paris.", max_output_tokens=60)
+    r = client.responses.create(
+        model="m",
+        tools=[WEATHER],
+        tool_choice="auto",
+        input="Call get_weather for Paris.",
+        max_output_tokens=60,
+    )
     assert r.status in ("completed", "incomplete")
     assert {i.type for i in r.output} <= {"message", "function_call", "reasoning"}
     for item in r.output:
@@ -149,12 +198,24 @@ def test_tool_prompt_answers_in_the_wire_shape(client: openai.OpenAI) -> None:
 
 def test_errors_use_openai_envelope(client: openai.OpenAI, smollm_server: ServerProcess) -> None:
     with pytest.raises(openai.BadRequestError) as e:
-        client.responses.create(model="m", input="hi", text={"format": {
-            "type": "json_schema", "name": "x", "schema": {"type": "foo"}}})
+        client.responses.create(
+            model="m",
+            input="hi",
+            text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}},
+        )
     assert e.value.param == "text.format.schema" and "Invalid type: foo" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
-        client.responses.create(model="m", input=[{"role": "user", "content": [
-            {"type": "input_image", "image_url": "http://example.com/cat.png", "detail": "auto"}]}])
+        client.responses.create(
+            model="m",
+            input=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_image", "image_url": "http://example.com/cat.png", "detail": "auto"}
+                    ],
+                }
+            ],
+        )
     assert e.value.message.endswith("this model has no vision input")
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="m", input="hi", temperature=5)

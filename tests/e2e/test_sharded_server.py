@@ -28,8 +28,12 @@ from tests.support.sharded import ShardedGroup
 pytestmark = pytest.mark.real
 
 ARGS = ["--prefill-step-size", "16", "--decode-concurrency", "4", "--shutdown-timeout-s", "2"]
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea, please.",
-             "List three prime numbers and explain why each one is prime.", "Hello!"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea, please.",
+    "List three prime numbers and explain why each one is prime.",
+    "Hello!",
+]
 MAX_TOKENS = [24, 16, 32, 20]
 
 
@@ -59,20 +63,26 @@ def expected(model: Path) -> list[tuple[str, int]]:
 
 
 @pytest.fixture(scope="module", params=["tensor", "pipeline"])
-def group(request: pytest.FixtureRequest, model: Path,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardedGroup]:
+def group(
+    request: pytest.FixtureRequest, model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ShardedGroup]:
     """Tensor through mlx.launch itself; pipeline with the environment mlx.launch would set."""
     mode = request.param
     launcher = "mlx.launch" if mode == "tensor" else "env"
-    g = ShardedGroup(["--model", str(model), "--shard", mode, *ARGS], tmp_path_factory.mktemp(mode),
-                     launcher=launcher)
+    g = ShardedGroup(
+        ["--model", str(model), "--shard", mode, *ARGS], tmp_path_factory.mktemp(mode), launcher=launcher
+    )
     yield g
     g.close()
 
 
 def _ask(client: openai.OpenAI, i: int) -> tuple[str, int]:
-    r = client.chat.completions.create(model="default", messages=_messages(i),  # type: ignore[arg-type]
-                                       max_tokens=MAX_TOKENS[i], temperature=0)
+    r = client.chat.completions.create(
+        model="default",
+        messages=_messages(i),  # type: ignore[arg-type]
+        max_tokens=MAX_TOKENS[i],
+        temperature=0,
+    )
     assert r.usage is not None
     return r.choices[0].message.content or "", r.usage.completion_tokens
 
@@ -81,13 +91,18 @@ def _client(g: ShardedGroup) -> openai.OpenAI:
     return openai.OpenAI(base_url=g.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def test_sharded_greedy_equals_single_process_alone(group: ShardedGroup,
-                                                    expected: list[tuple[str, int]]) -> None:
+def test_sharded_greedy_equals_single_process_alone(
+    group: ShardedGroup, expected: list[tuple[str, int]]
+) -> None:
     client = _client(group)
     for i in range(len(QUESTIONS)):
         assert _ask(client, i) == expected[i]
-    again = client.chat.completions.create(model="default", messages=_messages(0),  # type: ignore[arg-type]
-                                           max_tokens=MAX_TOKENS[0], temperature=0)
+    again = client.chat.completions.create(
+        model="default",
+        messages=_messages(0),  # type: ignore[arg-type]
+        max_tokens=MAX_TOKENS[0],
+        temperature=0,
+    )
     assert again.choices[0].message.content == expected[0][0]
     assert again.usage is not None and again.usage.prompt_tokens_details is not None
     assert (again.usage.prompt_tokens_details.cached_tokens or 0) > 0  # every rank's prefix cache hit
@@ -96,21 +111,39 @@ def test_sharded_greedy_equals_single_process_alone(group: ShardedGroup,
 def test_sharded_sampling_and_grammar_agree_across_ranks(group: ShardedGroup) -> None:
     """Ranks that sampled or masked differently would fail the group (the step checksum)."""
     client = _client(group)
-    client.chat.completions.create(model="default", messages=_messages(1),  # type: ignore[arg-type]
-                                   max_tokens=12, temperature=1.0, n=2)
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
-              "additionalProperties": False}
-    r = client.chat.completions.create(model="default", messages=_messages(3),  # type: ignore[arg-type]
-                                       max_tokens=24, temperature=0,
-                                       response_format={"type": "json_schema",  # type: ignore[typeddict-item]
-                                                        "json_schema": {"name": "a", "schema": schema}})
-    assert re.match(r'\{\s*"a"\s*:\s*-?\d', r.choices[0].message.content or "")  # (a random model's number runs on)
+    client.chat.completions.create(
+        model="default",
+        messages=_messages(1),  # type: ignore[arg-type]
+        max_tokens=12,
+        temperature=1.0,
+        n=2,
+    )
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model="default",
+        messages=_messages(3),  # type: ignore[arg-type]
+        max_tokens=24,
+        temperature=0,
+        response_format={
+            "type": "json_schema",  # type: ignore[typeddict-item]
+            "json_schema": {"name": "a", "schema": schema},
+        },
+    )
+    assert re.match(
+        r'\{\s*"a"\s*:\s*-?\d', r.choices[0].message.content or ""
+    )  # (a random model's number runs on)
     assert httpx.get(group.url + "/health", timeout=5).status_code == 200
     assert httpx.get(group.url + "/stats", timeout=5).json()["requests_failed"] == 0
 
 
 def test_sharded_greedy_equals_single_process_with_concurrent_clients(
-        group: ShardedGroup, expected: list[tuple[str, int]]) -> None:
+    group: ShardedGroup, expected: list[tuple[str, int]]
+) -> None:
     client = _client(group)
     got: dict[int, tuple[str, int]] = {}
     spans: dict[int, tuple[float, float]] = {}
@@ -128,8 +161,9 @@ def test_sharded_greedy_equals_single_process_with_concurrent_clients(
         t.join(180)
     assert got == dict(enumerate(expected))
     # every request shared the batch with another for a while (joined it, or was joined)
-    assert all(any(spans[i][0] < spans[j][1] and spans[j][0] < spans[i][1] for j in spans if j != i)
-               for i in spans)
+    assert all(
+        any(spans[i][0] < spans[j][1] and spans[j][0] < spans[i][1] for j in spans if j != i) for i in spans
+    )
     stats = httpx.get(group.url + "/stats", timeout=5).json()
     assert stats["requests_failed"] == 0
 

@@ -22,15 +22,31 @@ import pytest
 
 from tests.support.server_proc import ServerProcess
 
-COPY = [{"role": "user", "content": "Copy this list exactly: apples, oranges, pears, plums, grapes, "
-                                    "cherries, apples, oranges, pears, plums."}]
+COPY = [
+    {
+        "role": "user",
+        "content": "Copy this list exactly: apples, oranges, pears, plums, grapes, "
+        "cherries, apples, oranges, pears, plums.",
+    }
+]
 
 
 @pytest.fixture(scope="module")
 def server(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("logs") / "speculation-server.log"
-    proc = ServerProcess(["--model", str(smollm_path), "--draft-kind", "ngram", "--num-draft-tokens", "3",
-                          "--speculation-gate", "off"], log)
+    proc = ServerProcess(
+        [
+            "--model",
+            str(smollm_path),
+            "--draft-kind",
+            "ngram",
+            "--num-draft-tokens",
+            "3",
+            "--speculation-gate",
+            "off",
+        ],
+        log,
+    )
     yield proc
     proc.close()
 
@@ -49,8 +65,9 @@ def speculation(usage: Any) -> dict[str, Any]:
     return dict((usage.model_extra or {}).get("speculation") or {})
 
 
-def test_speculative_chat_is_plain_greedy_text_and_reports_its_drafts(client: openai.OpenAI,
-                                                                     expected: str) -> None:
+def test_speculative_chat_is_plain_greedy_text_and_reports_its_drafts(
+    client: openai.OpenAI, expected: str
+) -> None:
     r = client.chat.completions.create(model="default", messages=COPY, max_tokens=40, temperature=0)
     assert r.choices[0].message.content == expected
     spec = speculation(r.usage)
@@ -59,41 +76,60 @@ def test_speculative_chat_is_plain_greedy_text_and_reports_its_drafts(client: op
     assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"]
     assert spec["acceptance_rate"] == round(spec["accepted"] / spec["drafted"], 4)
     # streamed: the same text, and the usage chunk carries the same extension
-    stream = client.chat.completions.create(model="default", messages=COPY, max_tokens=40, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="default",
+        messages=COPY,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
     assert speculation(chunks[-1].usage)["drafted"] > 0
 
 
 def test_predicted_outputs_count_accepted_prediction_tokens(client: openai.OpenAI, expected: str) -> None:
-    r = client.chat.completions.create(model="default", messages=COPY, max_tokens=40, temperature=0,
-                                       prediction={"type": "content", "content": expected})
+    r = client.chat.completions.create(
+        model="default",
+        messages=COPY,
+        max_tokens=40,
+        temperature=0,
+        prediction={"type": "content", "content": expected},
+    )
     assert r.choices[0].message.content == expected
     details = r.usage.completion_tokens_details
     assert details is not None and details.accepted_prediction_tokens is not None
     assert details.accepted_prediction_tokens >= r.usage.completion_tokens // 2
     assert details.rejected_prediction_tokens is not None
     wrong = client.chat.completions.create(
-        model="default", messages=COPY, max_tokens=40, temperature=0,
-        prediction={"type": "content", "content": "Nothing like the answer at all, zebra quartz."})
+        model="default",
+        messages=COPY,
+        max_tokens=40,
+        temperature=0,
+        prediction={"type": "content", "content": "Nothing like the answer at all, zebra quartz."},
+    )
     assert wrong.choices[0].message.content == expected  # a bad prediction costs, never changes text
 
 
-def test_num_draft_tokens_zero_turns_speculation_off_for_the_request(client: openai.OpenAI,
-                                                                    expected: str) -> None:
-    r = client.chat.completions.create(model="default", messages=COPY, max_tokens=40, temperature=0,
-                                       extra_body={"num_draft_tokens": 0})
+def test_num_draft_tokens_zero_turns_speculation_off_for_the_request(
+    client: openai.OpenAI, expected: str
+) -> None:
+    r = client.chat.completions.create(
+        model="default", messages=COPY, max_tokens=40, temperature=0, extra_body={"num_draft_tokens": 0}
+    )
     assert r.choices[0].message.content == expected
     assert speculation(r.usage) == {}
-    bad = httpx.post(str(client.base_url) + "chat/completions", timeout=30,
-                     json={"messages": COPY, "num_draft_tokens": 99})
+    bad = httpx.post(
+        str(client.base_url) + "chat/completions", timeout=30, json={"messages": COPY, "num_draft_tokens": 99}
+    )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "num_draft_tokens"
 
 
 def test_anthropic_usage_and_metrics_count_speculation(server: ServerProcess) -> None:
-    r = httpx.post(server.url + "/v1/messages", timeout=60,
-                   json={"model": "default", "max_tokens": 40, "messages": COPY})
+    r = httpx.post(
+        server.url + "/v1/messages", timeout=60, json={"model": "default", "max_tokens": 40, "messages": COPY}
+    )
     assert r.status_code == 200 and r.json()["usage"]["speculation"]["drafted"] > 0
     metrics = httpx.get(server.url + "/metrics", timeout=10).text
     drafted = re.search(r"^mlx_serve:spec_decode_num_draft_tokens_total (\S+)$", metrics, re.MULTILINE)
@@ -101,8 +137,9 @@ def test_anthropic_usage_and_metrics_count_speculation(server: ServerProcess) ->
     assert drafted and accepted and float(drafted[1]) >= float(accepted[1]) > 0
 
 
-def test_a_draft_model_with_another_tokenizer_refuses_to_start(tiny_path: Path, smollm_path: Path,
-                                                              tmp_path: Path) -> None:
+def test_a_draft_model_with_another_tokenizer_refuses_to_start(
+    tiny_path: Path, smollm_path: Path, tmp_path: Path
+) -> None:
     other = tmp_path / "other-tokenizer"
     shutil.copytree(tiny_path, other)
     spec = json.loads((other / "tokenizer.json").read_text())
@@ -110,7 +147,8 @@ def test_a_draft_model_with_another_tokenizer_refuses_to_start(tiny_path: Path, 
     vocab["zzqqxx"] = len(vocab)  # one token more: the ids no longer mean the same text
     (other / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(RuntimeError) as failed:
-        ServerProcess(["--model", str(smollm_path), "--draft-model", str(other)], tmp_path / "log",
-                      ready_timeout_s=240)
+        ServerProcess(
+            ["--model", str(smollm_path), "--draft-model", str(other)], tmp_path / "log", ready_timeout_s=240
+        )
     assert "server exited 1" in str(failed.value)
     assert "does not share the model's tokenizer" in str(failed.value)

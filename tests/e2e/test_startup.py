@@ -42,11 +42,11 @@ def test_version_flag() -> None:
     assert done.returncode == 0 and done.stdout.startswith("mlx-serve ")
 
 
-FAKE_TORCH = '''import os
+FAKE_TORCH = """import os
 with open(os.environ["FAKE_TORCH_MARK"], "a") as mark:
     mark.write(f"{os.getpid()}\\n")
 __version__ = "2.9.0"
-'''
+"""
 
 
 def fake_torch(where: Path) -> dict[str, str]:
@@ -69,8 +69,11 @@ def test_neither_process_imports_an_installed_torch(smollm_path: Path, tmp_path:
     env = fake_torch(tmp_path / "served")
     server = ServerProcess(["--model", str(smollm_path)], tmp_path / "server.log", env=env)
     try:
-        reply = httpx.post(server.url + "/v1/chat/completions", timeout=60,
-                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        reply = httpx.post(
+            server.url + "/v1/chat/completions",
+            timeout=60,
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
         assert server.stats().get("engine_pid")  # the model ran in the engine process
     finally:
@@ -78,6 +81,10 @@ def test_neither_process_imports_an_installed_torch(smollm_path: Path, tmp_path:
     assert not (tmp_path / "served" / "imported").exists()
 
     env = fake_torch(tmp_path / "allowed")
-    subprocess.run([*python, "import engine, mlx_lm"], cwd=ROOT, check=True,
-                   env={**os.environ, **env, "MLX_SERVE_IMPORT_TORCH": "1"})
+    subprocess.run(
+        [*python, "import engine, mlx_lm"],
+        cwd=ROOT,
+        check=True,
+        env={**os.environ, **env, "MLX_SERVE_IMPORT_TORCH": "1"},
+    )
     assert (tmp_path / "allowed" / "imported").exists()

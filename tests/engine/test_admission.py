@@ -123,8 +123,9 @@ def test_weights_bytes_counts_quantized_weights_packed() -> None:
 
 def test_a_speculating_plan_charges_drafts_and_holes(model: llama.Model) -> None:
     plain = plan(model, 8 * MIB, max_running=4)
-    spec = plan_memory(model, budget_bytes=8 * MIB, prefill_step_size=128, max_context=None, max_running=4,
-                       draft_tokens=3)
+    spec = plan_memory(
+        model, budget_bytes=8 * MIB, prefill_step_size=128, max_context=None, max_running=4, draft_tokens=3
+    )
     # Physically a speculating batch may hold its tokens, 1/16 more in holes, and per row its
     # drafts and 32 more holes: all of it within the budget.
     held = spec.kv_capacity_tokens * 17 // 16 + 4 * (3 + 32)
@@ -240,9 +241,18 @@ def test_default_budget_is_a_share_of_this_machine() -> None:
 
 
 def test_state_space_models_cost_a_fixed_state_per_sequence() -> None:
-    args = mamba.ModelArgs(model_type="mamba", vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                           state_size=8, num_hidden_layers=2, conv_kernel=4, use_bias=False,
-                           use_conv_bias=True, time_step_rank=8)
+    args = mamba.ModelArgs(
+        model_type="mamba",
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        state_size=8,
+        num_hidden_layers=2,
+        conv_kernel=4,
+        use_bias=False,
+        use_conv_bias=True,
+        time_step_rank=8,
+    )
     p = plan(mamba.Model(args), max_running=4)
     conv, ssm = (4 - 1) * 128 * 4, 128 * 8 * 4  # per layer: conv window and SSM state, float32
     assert p.kv == KvCost(per_sequence=2 * (conv + ssm))
@@ -254,18 +264,34 @@ def test_quantized_kv_cache_counts_packed_keys_scales_and_biases() -> None:
         def make_cache(self) -> list[QuantizedKVCache]:
             return [QuantizedKVCache(group_size=32, bits=8) for _ in self.layers]
 
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=128,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-                           vocab_size=VOCAB)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=VOCAB,
+    )
     head_dim = 32
     per_head = head_dim * 8 // 8 + 2 * (head_dim // 32) * 4  # 8-bit packed, f32 scale and bias
     assert plan(QuantizedKvLlama(args)).kv_bytes_per_token == 2 * 2 * 2 * per_head
 
 
 def test_the_probe_does_not_evaluate_the_model() -> None:
-    model = llama.Model(llama.ModelArgs(model_type="llama", hidden_size=1024, num_hidden_layers=4,
-                                        intermediate_size=4096, num_attention_heads=8,
-                                        num_key_value_heads=8, rms_norm_eps=1e-5, vocab_size=32000))
+    model = llama.Model(
+        llama.ModelArgs(
+            model_type="llama",
+            hidden_size=1024,
+            num_hidden_layers=4,
+            intermediate_size=4096,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            rms_norm_eps=1e-5,
+            vocab_size=32000,
+        )
+    )
     before = mx.get_active_memory()
     p = plan(model, 1 << 30)
     assert p.weights_bytes > 200 * MIB and mx.get_active_memory() - before < MIB

@@ -72,7 +72,9 @@ def test_rows_join_and_leave_with_the_padding_known_on_the_host(no_read_back: No
     batch.filter([0, 2, 4])  # padding 4, 2, 2: the 2 every row has is sliced off
     assert checked(batch) == [2, 0, 0]
     assert batch._idx == 7
-    assert batch.keys is not None and mx.array_equal(batch.keys, before[mx.array([0, 2, 4])][..., 2:, :]).item()
+    assert (
+        batch.keys is not None and mx.array_equal(batch.keys, before[mx.array([0, 2, 4])][..., 2:, :]).item()
+    )
     assert batch.offset.tolist() == [5, 7, 7]  # each row's own length, padding left out
 
     kept = batch.extract(0)  # what the prefix cache keeps of row 0: its positions, no padding
@@ -97,7 +99,9 @@ def one_row_batch(n: int, seed: int) -> BatchKVCache:
 
 
 @pytest.mark.parametrize("lengths", [(0, 0, 0), (3, 0, 7, 1), (300, 2, 40)])
-def test_joining_rows_concatenated_at_once_are_what_extending_one_by_one_makes(lengths: tuple[int, ...]) -> None:
+def test_joining_rows_concatenated_at_once_are_what_extending_one_by_one_makes(
+    lengths: tuple[int, ...],
+) -> None:
     """Against mlx-lm's own extend (the patched one is concat_rows for two caches), and the
     patched extend, one by one, makes the same with the padding kept on the host."""
     one_by_one, patched = one_row_batch(lengths[0], 0), one_row_batch(lengths[0], 0)

@@ -37,35 +37,91 @@ from protocols import structured
 from tests.support.json_check import errors
 
 SCHEMAS: list[dict[str, Any]] = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
-                                      "size": {"enum": [1, 2, 3]}, "kind": {"const": "shirt"}},
-     "required": ["color", "size", "kind"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "integer", "minimum": -50, "maximum": 50},
-     "minItems": 1, "maxItems": 4},
-    {"type": "object", "properties": {
-        "price": {"type": "number", "minimum": 0, "maximum": 99, "multipleOf": 0.25},
-        "delta": {"type": "number", "minimum": -1, "maximum": 1, "multipleOf": 0.5}},
-     "required": ["price", "delta"], "additionalProperties": False},
-    {"type": "object", "properties": {
-        "point": {"type": "object", "properties": {
-            "ok": {"type": "boolean"},
-            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
-            "id": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9},
-                             {"type": "string", "pattern": "^[a-z]{2}$"}]}},
-            "required": ["ok", "tags", "id"], "additionalProperties": False},
-        "note": {"type": "string", "maxLength": 5}},
-     "required": ["point"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "size": {"enum": [1, 2, 3]},
+            "kind": {"const": "shirt"},
+        },
+        "required": ["color", "size", "kind"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "items": {"type": "integer", "minimum": -50, "maximum": 50},
+        "minItems": 1,
+        "maxItems": 4,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "price": {"type": "number", "minimum": 0, "maximum": 99, "multipleOf": 0.25},
+            "delta": {"type": "number", "minimum": -1, "maximum": 1, "multipleOf": 0.5},
+        },
+        "required": ["price", "delta"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "point": {
+                "type": "object",
+                "properties": {
+                    "ok": {"type": "boolean"},
+                    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+                    "id": {
+                        "anyOf": [
+                            {"type": "integer", "minimum": 0, "maximum": 9},
+                            {"type": "string", "pattern": "^[a-z]{2}$"},
+                        ]
+                    },
+                },
+                "required": ["ok", "tags", "id"],
+                "additionalProperties": False,
+            },
+            "note": {"type": "string", "maxLength": 5},
+        },
+        "required": ["point"],
+        "additionalProperties": False,
+    },
 ]
-WEATHER: Any = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
-                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-    "required": ["city", "days"], "additionalProperties": False}}}
-CLOCK: Any = {"type": "function", "function": {"name": "now", "parameters": {
-    "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
-    "additionalProperties": False}}}
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Rome"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK: Any = {
+    "type": "function",
+    "function": {
+        "name": "now",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"enum": ["UTC", "CET"]}},
+            "required": ["tz"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +148,7 @@ def run(core: Core, requests: list[Request]) -> dict[str, list[Event | ServeErro
             got[rid].append(ev)
             if isinstance(ev, Finished | ServeError):
                 done.release()
+
         return emit
 
     for r in requests:
@@ -120,8 +177,9 @@ def finish(events: list[Event | ServeError]) -> FinishReason:
 
 
 def prompt(tokenizer: Any, question: str) -> tuple[int, ...]:
-    return tuple(tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                               add_generation_prompt=True))
+    return tuple(
+        tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    )
 
 
 def test_checker_catches_what_the_tests_rely_on() -> None:
@@ -136,12 +194,20 @@ def test_checker_catches_what_the_tests_rely_on() -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_sampled_rows_with_different_schemas_in_one_batch_all_follow_their_schema(
-        tiny: tuple[Any, Any], seed: int) -> None:
+    tiny: tuple[Any, Any], seed: int
+) -> None:
     core = make_core(tiny)
     ids = prompt(tiny[1], "Describe something as JSON.")
-    requests = [Request(f"s{i}", ids, SamplingParams(temperature=1.0, seed=seed * 100 + i), 120,
-                        grammar=structured.json_schema(schema, "p"))
-                for i, schema in enumerate(SCHEMAS)]
+    requests = [
+        Request(
+            f"s{i}",
+            ids,
+            SamplingParams(temperature=1.0, seed=seed * 100 + i),
+            120,
+            grammar=structured.json_schema(schema, "p"),
+        )
+        for i, schema in enumerate(SCHEMAS)
+    ]
     got = run(core, requests)
     for i, schema in enumerate(SCHEMAS):
         events = got[f"s{i}"]
@@ -153,11 +219,14 @@ def test_free_rows_beside_constrained_rows_are_unchanged(tiny: tuple[Any, Any]) 
     ids = prompt(tiny[1], "Tell me a story.")
     free = Request("free", ids, SamplingParams(), 24)
     alone = run(make_core(tiny), [free])["free"]
-    mixed = run(make_core(tiny), [
-        Request("json", ids, SamplingParams(), 60, grammar=structured.json_schema(SCHEMAS[1], "p")),
-        free,
-        Request("choice", ids, SamplingParams(), 10, grammar=structured.choice(["yes", "no"], "p")),
-    ])
+    mixed = run(
+        make_core(tiny),
+        [
+            Request("json", ids, SamplingParams(), 60, grammar=structured.json_schema(SCHEMAS[1], "p")),
+            free,
+            Request("choice", ids, SamplingParams(), 10, grammar=structured.choice(["yes", "no"], "p")),
+        ],
+    )
     assert deltas(mixed["free"]) == deltas(alone) and finish(alone) is FinishReason.LENGTH
     assert text(mixed["choice"]) in ("yes", "no") and finish(mixed["choice"]) is FinishReason.STOP
     assert not errors(json.loads(text(mixed["json"])), SCHEMAS[1])
@@ -178,11 +247,25 @@ def test_forced_tool_calls_come_back_as_tool_calls(tiny: tuple[Any, Any]) -> Non
 
     def forced(rid: str, name: str | None, seed: int) -> Request:
         grammar = structured.forced_calls(tools, name, True, rid == "parallel")
-        return Request(rid, ids, SamplingParams(temperature=1.0, seed=seed), 80, tools=tools,
-                       grammar=grammar, forced_tool_calls=True)
+        return Request(
+            rid,
+            ids,
+            SamplingParams(temperature=1.0, seed=seed),
+            80,
+            tools=tools,
+            grammar=grammar,
+            forced_tool_calls=True,
+        )
 
-    got = run(make_core(tiny), [forced("named", "now", 1), forced("any-1", None, 2),
-                                forced("any-2", None, 3), forced("parallel", None, 4)])
+    got = run(
+        make_core(tiny),
+        [
+            forced("named", "now", 1),
+            forced("any-1", None, 2),
+            forced("any-2", None, 3),
+            forced("parallel", None, 4),
+        ],
+    )
     for rid, events in got.items():
         made = calls(events)
         for name, arguments in made:
@@ -206,8 +289,9 @@ def test_a_grammar_the_engine_cannot_build_fails_only_its_own_request(tiny: tupl
 
 def test_log_probabilities_under_a_grammar_leave_out_forbidden_tokens(tiny: tuple[Any, Any]) -> None:
     ids = prompt(tiny[1], "Yes or no?")
-    request = Request("lp", ids, SamplingParams(), 10, logprobs=5,
-                      grammar=structured.choice(["yes", "no"], "p"))
+    request = Request(
+        "lp", ids, SamplingParams(), 10, logprobs=5, grammar=structured.choice(["yes", "no"], "p")
+    )
     events = run(make_core(tiny), [request])["lp"]
     entries = [t for e in events if isinstance(e, TextDelta) for t in e.logprobs]
     assert entries and text(events) in ("yes", "no")
@@ -223,16 +307,27 @@ def test_constrained_rows_share_a_batch_with_speculating_rows(tiny: tuple[Any, A
     from dataclasses import replace
 
     model, tokenizer = tiny
-    free = [Request(f"free{i}", prompt(tokenizer, q), SamplingParams(), 40)
-            for i, q in enumerate(["a b c a b c a b c", "one two one two one two"])]
+    free = [
+        Request(f"free{i}", prompt(tokenizer, q), SamplingParams(), 40)
+        for i, q in enumerate(["a b c a b c a b c", "one two one two one two"])
+    ]
     plain = run(make_core(tiny), free)
-    said = {r.id: tuple(t for e in plain[r.id] if isinstance(e, TextDelta) for t in e.token_ids) for r in free}
+    said = {
+        r.id: tuple(t for e in plain[r.id] if isinstance(e, TextDelta) for t in e.token_ids) for r in free
+    }
     assert all(said.values())
     predicted = [replace(r, prediction=said[r.id]) for r in free]
     ids = prompt(tokenizer, "Describe something as JSON.")
-    shaped = [Request(f"json{i}", ids, SamplingParams(temperature=1.0, seed=i), 120,
-                      grammar=structured.json_schema(s, "response_format"))
-              for i, s in enumerate(SCHEMAS[:3])]
+    shaped = [
+        Request(
+            f"json{i}",
+            ids,
+            SamplingParams(temperature=1.0, seed=i),
+            120,
+            grammar=structured.json_schema(s, "response_format"),
+        )
+        for i, s in enumerate(SCHEMAS[:3])
+    ]
     from engine.speculation.rows import Speculation
 
     scheduler = Scheduler(SchedulerConfig(draft_tokens=3), frozenset(tokenizer.eos_token_ids))

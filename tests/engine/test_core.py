@@ -197,12 +197,16 @@ def faulty_batch(fault: Fault, *, tools: bool = False) -> tuple[Harness, list[Cl
     return h, clients + [h.submit(bad), h.submit(req("c", max_tokens=4))], clients[0]
 
 
-@pytest.mark.parametrize("fault", [
-    Fault("admit"),
-    Fault("prefill"),
-    Fault("decode", at=2),
-    Fault("token", at=1, token=999),  # a token id the detokenizer has no piece for
-], ids=["admit", "prefill", "decode", "detokenize"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault("admit"),
+        Fault("prefill"),
+        Fault("decode", at=2),
+        Fault("token", at=1, token=999),  # a token id the detokenizer has no piece for
+    ],
+    ids=["admit", "prefill", "decode", "detokenize"],
+)
 def test_core_fault_in_one_row_fails_that_row_only(fault: Fault) -> None:
     h, clients, _ = faulty_batch(fault)
     with serving(h):
@@ -329,7 +333,9 @@ def test_core_runs_idle_work_only_while_no_request_is_in_the_engine() -> None:
     assert text == "Hello!" and isinstance(end, Finished)
     assert units_by_the_answer < 40  # the request did not wait for the whole warm-up
     assert len(work.ran) == 40 and not any(busy for _, busy in work.ran)
-    assert [n for at, n in work.paused_at if at >= submitted] == [units_by_the_answer]  # paused once, on arrival
+    assert [n for at, n in work.paused_at if at >= submitted] == [
+        units_by_the_answer
+    ]  # paused once, on arrival
     after = [at for at, _ in work.ran[units_by_the_answer:]]
     assert after[0] >= answered + 0.15  # idle work resumed only once the engine had been idle a while
 

@@ -59,7 +59,7 @@ def _plan(seq: str, start: int = 0, end: int = 3) -> StepPlan:
 
 def _leader(channel: ListChannel, lost: list[str] | None = None) -> tuple[LeaderRunner, RecordingRunner]:
     inner = RecordingRunner()
-    on_lost = (lost.append if lost is not None else lambda _r: None)
+    on_lost = lost.append if lost is not None else lambda _r: None
     return LeaderRunner(inner, channel, on_lost), inner  # type: ignore[arg-type]
 
 
@@ -152,9 +152,17 @@ def test_watch_sees_a_peer_process_end() -> None:
 def _llama(heads: int, kv_heads: int) -> Any:
     from mlx_lm.models import llama
 
-    args = {"model_type": "llama", "hidden_size": 8 * heads, "num_hidden_layers": 2, "intermediate_size": 36,
-            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "rms_norm_eps": 1e-5,
-            "vocab_size": 32, "tie_word_embeddings": True}
+    args = {
+        "model_type": "llama",
+        "hidden_size": 8 * heads,
+        "num_hidden_layers": 2,
+        "intermediate_size": 36,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 32,
+        "tie_word_embeddings": True,
+    }
     return llama.Model(llama.ModelArgs.from_dict(args))
 
 
@@ -174,8 +182,16 @@ def test_check_shardable_accepts_qwen2_both_ways() -> None:
 
     from engine.shard.load import check_shardable
 
-    args = {"model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 32}
+    args = {
+        "model_type": "qwen2",
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": 32,
+    }
     model = qwen2.Model(qwen2.ModelArgs.from_dict(args))
     check_shardable(model, ShardMode.TENSOR, 2, "q")
     check_shardable(model, ShardMode.PIPELINE, 2, "q")

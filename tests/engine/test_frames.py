@@ -57,7 +57,7 @@ def test_a_steps_events_cross_intact_whatever_their_kind() -> None:
     got = read_until(reader, 2, b)
     assert isinstance(got[0], Events) and got[0].items == items
     assert isinstance(got[1], Events)
-    (rid, err), = got[1].items
+    ((rid, err),) = got[1].items
     assert rid == "r3" and isinstance(err, EngineFailed) and err.message == "generation failed: boom"
 
 

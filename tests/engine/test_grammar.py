@@ -17,10 +17,18 @@ from engine.errors import InvalidRequest
 from engine.grammar import Constraint, GrammarTokenizer
 from protocols import structured
 
-WEATHER: Any = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"$ref": "#/$defs/City"}}, "required": ["city"],
-        "$defs": {"City": {"enum": ["Paris", "Rome"]}}}}}
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"$ref": "#/$defs/City"}},
+            "required": ["city"],
+            "$defs": {"City": {"enum": ["Paris", "Rome"]}},
+        },
+    },
+}
 NOW: Any = {"type": "function", "function": {"name": "now"}}
 
 
@@ -75,10 +83,20 @@ def test_constraint_refuses_a_token_outside_the_grammar(grammars: GrammarTokeniz
     assert c.is_done() and set(np.flatnonzero(c.allowed())) == set(tokenizer.eos_token_ids)
 
 
-def test_constraint_rollback_and_validate_for_draft_tokens(grammars: GrammarTokenizer,
-                                                           tokenizer: Any) -> None:
-    c = grammars.constraint(structured.json_schema({"type": "object", "properties": {
-        "a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}, "p"))
+def test_constraint_rollback_and_validate_for_draft_tokens(
+    grammars: GrammarTokenizer, tokenizer: Any
+) -> None:
+    c = grammars.constraint(
+        structured.json_schema(
+            {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+            "p",
+        )
+    )
     draft = ids(tokenizer, '{"a": 12}')
     bad = ids(tokenizer, '{"b')
     assert c.validate(draft) == len(draft) and c.validate(bad) < len(bad)
@@ -89,8 +107,9 @@ def test_constraint_rollback_and_validate_for_draft_tokens(grammars: GrammarToke
     assert all(c.consume(t) for t in draft) and c.is_done()
 
 
-def test_constraint_as_processor_consumes_the_previous_token(grammars: GrammarTokenizer,
-                                                             tokenizer: Any) -> None:
+def test_constraint_as_processor_consumes_the_previous_token(
+    grammars: GrammarTokenizer, tokenizer: Any
+) -> None:
     """mlx-lm calls it once per step; the first call (first generated token) consumes nothing."""
     c = grammars.constraint(structured.choice(["yes", "no"], "p"))
     logits = mx.zeros((1, c.vocab_size))
@@ -106,7 +125,7 @@ def test_constraint_as_processor_consumes_the_previous_token(grammars: GrammarTo
 def test_constraint_pads_a_vocabulary_wider_than_the_tokenizers(grammars: GrammarTokenizer) -> None:
     c = grammars.constraint(structured.regex(r"a", "p"))
     masked = np.array(c.apply(mx.zeros((1, c.vocab_size + 64))))[0]
-    assert masked.shape == (c.vocab_size + 64,) and np.all(masked[c.vocab_size:] == -np.inf)
+    assert masked.shape == (c.vocab_size + 64,) and np.all(masked[c.vocab_size :] == -np.inf)
 
 
 def test_grammar_tokenizer_refuses_an_unknown_special_token(grammars: GrammarTokenizer) -> None:
@@ -120,7 +139,7 @@ def test_json_comes_out_on_one_line(grammars: GrammarTokenizer, tokenizer: Any) 
     g = structured.json_schema({"type": "object", "properties": {"a": {"type": "array"}}}, "p")
     assert follows(grammars, tokenizer, g, '{"a": [1, 2]}')
     assert not follows(grammars, tokenizer, g, '{\n  "a": [1, 2]\n}')
-    assert not follows(grammars, tokenizer, g, '[1]')  # None is any JSON *object*
+    assert not follows(grammars, tokenizer, g, "[1]")  # None is any JSON *object*
     flexible = {"type": "object", "x-guidance": {"whitespace_flexible": True}}
     assert follows(grammars, tokenizer, structured.json_schema(flexible, "p"), '{\n  "a": 1\n}')
 
@@ -143,15 +162,17 @@ def call(name: str, arguments: dict[str, Any]) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def test_forced_call_names_are_written_as_a_model_writes_them(grammars: GrammarTokenizer,
-                                                             tokenizer: Any) -> None:
+def test_forced_call_names_are_written_as_a_model_writes_them(
+    grammars: GrammarTokenizer, tokenizer: Any
+) -> None:
     tool = {"function": {"name": "météo", "parameters": {"type": "object"}}}
     g = structured.forced_calls([tool], "météo", False, False)
     assert g is not None and follows(grammars, tokenizer, g, call("météo", {}))
 
 
-def test_forced_call_grammar_is_one_call_with_valid_arguments(grammars: GrammarTokenizer,
-                                                             tokenizer: Any) -> None:
+def test_forced_call_grammar_is_one_call_with_valid_arguments(
+    grammars: GrammarTokenizer, tokenizer: Any
+) -> None:
     named = structured.forced_calls([WEATHER, NOW], "get_weather", False, True)
     assert named is not None
     assert follows(grammars, tokenizer, named, call("get_weather", {"city": "Rome"}))
@@ -162,8 +183,9 @@ def test_forced_call_grammar_is_one_call_with_valid_arguments(grammars: GrammarT
     assert not follows(grammars, tokenizer, named, two)
 
 
-def test_required_call_grammar_is_any_tool_and_parallel_when_allowed(grammars: GrammarTokenizer,
-                                                                    tokenizer: Any) -> None:
+def test_required_call_grammar_is_any_tool_and_parallel_when_allowed(
+    grammars: GrammarTokenizer, tokenizer: Any
+) -> None:
     two = call("get_weather", {"city": "Rome"}) + call("now", {})
     parallel = structured.forced_calls([WEATHER, NOW], None, True, True)
     single = structured.forced_calls([WEATHER, NOW], None, True, False)

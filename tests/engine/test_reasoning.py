@@ -9,8 +9,10 @@ OUTPUT = "<think>\nThe user wants a city.\n</think>\n\nParis."
 def run(pieces: list[str], inside: bool = False) -> tuple[str, str]:
     s = ReasoningSplitter("<think>", "</think>", inside=inside)
     events: list[Delta] = [e for p in pieces for e in s.feed(p)] + s.close()
-    return ("".join(e.text for e in events if isinstance(e, ReasoningDelta)),
-            "".join(e.text for e in events if isinstance(e, TextDelta)))
+    return (
+        "".join(e.text for e in events if isinstance(e, ReasoningDelta)),
+        "".join(e.text for e in events if isinstance(e, TextDelta)),
+    )
 
 
 def test_reasoning_split_at_every_boundary() -> None:

@@ -23,8 +23,14 @@ from engine.runner import BatchRunner
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.types import Request, SamplingParams
 
-QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a haiku about rain.",
-             "What is 2+2?", "Tell me a fact about cats.", "Say hello in Spanish."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colors.",
+    "Write a haiku about rain.",
+    "What is 2+2?",
+    "Tell me a fact about cats.",
+    "Say hello in Spanish.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +44,9 @@ def smollm(smollm_path: Path) -> tuple[Any, Any]:
 
 
 def prompt_ids(tokenizer: Any, question: str) -> tuple[int, ...]:
-    return tuple(tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                               add_generation_prompt=True))
+    return tuple(
+        tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    )
 
 
 def reference(model: Any, prompt: tuple[int, ...], n: int, eos: set[int]) -> list[int]:
@@ -51,8 +58,12 @@ def reference(model: Any, prompt: tuple[int, ...], n: int, eos: set[int]) -> lis
     return out
 
 
-def drive(runner: BatchRunner, sched: Scheduler, arrivals: dict[int, list[Request]],
-          prefix: PrefixCache | None = None) -> dict[str, list[int]]:
+def drive(
+    runner: BatchRunner,
+    sched: Scheduler,
+    arrivals: dict[int, list[Request]],
+    prefix: PrefixCache | None = None,
+) -> dict[str, list[int]]:
     """Run scheduler + runner until every arrival has finished; returns tokens per request."""
     out: dict[str, list[int]] = {}
     step = 0
@@ -76,8 +87,10 @@ def test_runner_batch_with_joins_and_leaves_matches_mlx_lm_greedy(smollm: tuple[
     model, tokenizer = smollm
     eos = set(tokenizer.eos_token_ids)
     lengths = [24, 6, 30, 12, 18, 9]
-    requests = [Request(f"r{i}", prompt_ids(tokenizer, q), SamplingParams(), n)
-                for i, (q, n) in enumerate(zip(QUESTIONS, lengths))]
+    requests = [
+        Request(f"r{i}", prompt_ids(tokenizer, q), SamplingParams(), n)
+        for i, (q, n) in enumerate(zip(QUESTIONS, lengths))
+    ]
     # Budget 16 splits every prompt (~35 tokens) into chunks and lets rows join mid-decode.
     sched = Scheduler(SchedulerConfig(max_running=4, max_prefilling=2, token_budget=16), frozenset(eos))
     runner = BatchRunner(model, prefill_step_size=16)
@@ -95,8 +108,9 @@ def test_runner_rows_joining_at_a_padded_width_keep_mlx_lm_greedy(
     row's greedy tokens still equal mlx-lm's, while the rows already decoding carry on."""
     model, tokenizer = smollm
     eos = set(tokenizer.eos_token_ids)
-    requests = [Request(f"r{i}", prompt_ids(tokenizer, q), SamplingParams(), 10)
-                for i, q in enumerate(QUESTIONS)]
+    requests = [
+        Request(f"r{i}", prompt_ids(tokenizer, q), SamplingParams(), 10) for i, q in enumerate(QUESTIONS)
+    ]
     widths: list[tuple[list[int], int]] = []
     lazily = prefill.prompt_lazily
 
@@ -156,8 +170,14 @@ def test_runner_seeded_sampling_same_alone_or_batched(smollm: tuple[Any, Any]) -
 
     def run(with_others: bool) -> list[int]:
         sched = Scheduler(SchedulerConfig(), eos)
-        others = [Request(f"o{i}", prompt_ids(tokenizer, q), SamplingParams(temperature=0.8), 20)
-                  for i, q in enumerate(QUESTIONS[:3])] if with_others else []
+        others = (
+            [
+                Request(f"o{i}", prompt_ids(tokenizer, q), SamplingParams(temperature=0.8), 20)
+                for i, q in enumerate(QUESTIONS[:3])
+            ]
+            if with_others
+            else []
+        )
         return drive(BatchRunner(model), sched, {0: [*others[:2], seeded], 1: others[2:]})["s"]
 
     alone = run(False)
@@ -227,7 +247,9 @@ def test_the_warm_up_runs_its_ready_part_then_idle_bursts_and_leaves_output_mlx_
     assert idle_work is not None
     sched, runner = Scheduler(config, frozenset(eos)), BatchRunner(model, prefill_step_size=128)
     assert drive(runner, sched, {0: [first]})["q0"] == reference(model, first.prompt_tokens, 12, eos)
-    assert idle_work.step() and idle_work.step()  # the 4-row burst, a batch step at a time: its prefill, a token
+    assert (
+        idle_work.step() and idle_work.step()
+    )  # the 4-row burst, a batch step at a time: its prefill, a token
     idle_work.pause()  # a request arrives: the burst under way is dropped
     assert drive(runner, sched, {0: [second]})["q1"] == reference(model, second.prompt_tokens, 12, eos)
     steps = 1

@@ -78,8 +78,9 @@ class FakeRunner:
         return self.script(seq_id, k)
 
 
-def make(cached: Callable[[Request], int] | None = None, script: Script | None = None,
-         **config: int | None) -> tuple[Scheduler, FakeRunner]:
+def make(
+    cached: Callable[[Request], int] | None = None, script: Script | None = None, **config: int | None
+) -> tuple[Scheduler, FakeRunner]:
     # Small budgets in these tests: keep the row limit within the budget (as the scheduler requires).
     config.setdefault("max_running", min(32, config.get("token_budget") or 2048))
     sched = Scheduler(SchedulerConfig(**config), frozenset({EOS}), cached)  # type: ignore[arg-type]
@@ -155,7 +156,10 @@ def test_scheduler_eos_finishes_with_stop_and_releases_once() -> None:
     sched.add(req("b", max_tokens=100))
     updates = [u for _ in range(3) for u in step(sched, runner)[1] if u.seq_id == "a"]
     assert [(u.token, u.finish, u.num_generated) for u in updates] == [
-        (TOKEN, None, 1), (TOKEN, None, 2), (EOS, FinishReason.STOP, 3)]
+        (TOKEN, None, 1),
+        (TOKEN, None, 2),
+        (EOS, FinishReason.STOP, 3),
+    ]
     plans = leave_and_release(sched, runner, "a")
     assert all(p.decode == ("b",) for p in plans)
 
@@ -164,8 +168,7 @@ def test_scheduler_max_tokens_finishes_with_length_and_releases_once() -> None:
     sched, runner = make()
     sched.add(req("a", max_tokens=3))
     updates = [u for _ in range(3) for u in step(sched, runner)[1]]
-    assert [(u.finish, u.num_generated) for u in updates] == [
-        (None, 1), (None, 2), (FinishReason.LENGTH, 3)]
+    assert [(u.finish, u.num_generated) for u in updates] == [(None, 1), (None, 2), (FinishReason.LENGTH, 3)]
     leave_and_release(sched, runner, "a")
 
 
@@ -230,8 +233,11 @@ def test_scheduler_splits_a_long_prompt_into_budget_sized_chunks() -> None:
     sched, runner = make(token_budget=8)
     sched.add(req("a", prompt_len=20))
     chunks = [c for _ in range(3) for c in step(sched, runner)[0].prefill]
-    assert chunks == [PrefillChunk("a", 0, 8, False), PrefillChunk("a", 8, 16, False),
-                      PrefillChunk("a", 16, 20, True)]
+    assert chunks == [
+        PrefillChunk("a", 0, 8, False),
+        PrefillChunk("a", 8, 16, False),
+        PrefillChunk("a", 16, 20, True),
+    ]
 
 
 def test_scheduler_prompt_of_exactly_the_budget_is_one_final_chunk() -> None:
@@ -248,15 +254,19 @@ def test_scheduler_decodes_running_rows_in_every_step_of_a_long_prefill() -> Non
     sched.add(req("long", prompt_len=20))
     plans = [step(sched, runner)[0] for _ in range(4)]
     assert [p.prefill for p in plans] == [
-        (PrefillChunk("long", 0, 6, False),), (PrefillChunk("long", 6, 12, False),),
-        (PrefillChunk("long", 12, 18, False),), (PrefillChunk("long", 18, 20, True),)]
+        (PrefillChunk("long", 0, 6, False),),
+        (PrefillChunk("long", 6, 12, False),),
+        (PrefillChunk("long", 12, 18, False),),
+        (PrefillChunk("long", 18, 20, True),),
+    ]
     assert all(p.decode == ("d1", "d2") and plan_tokens(p) <= 8 for p in plans)
     assert step(sched, runner)[0].decode == ("d1", "d2", "long")
 
 
 def test_scheduler_gives_prefill_only_what_decode_rows_leave_of_the_budget() -> None:
-    sched, runner = make(script=lambda s, k: EOS if (s, k) == ("d1", 2) else TOKEN,
-                         token_budget=3, max_running=3)
+    sched, runner = make(
+        script=lambda s, k: EOS if (s, k) == ("d1", 2) else TOKEN, token_budget=3, max_running=3
+    )
     sched.add(req("d1", prompt_len=1))
     sched.add(req("d2", prompt_len=1))
     decode_ready(sched, runner, "d1", "d2")
@@ -282,8 +292,11 @@ def test_scheduler_shares_the_budget_fifo_across_prefilling_sequences() -> None:
         sched.add(req(name, prompt_len=4))
     plan, _ = step(sched, runner)
     assert plan.decode == ("d",)
-    assert plan.prefill == (PrefillChunk("p1", 0, 4, True), PrefillChunk("p2", 0, 4, True),
-                            PrefillChunk("p3", 0, 1, False))
+    assert plan.prefill == (
+        PrefillChunk("p1", 0, 4, True),
+        PrefillChunk("p2", 0, 4, True),
+        PrefillChunk("p3", 0, 1, False),
+    )
     assert plan_tokens(plan) == 10
     plan, _ = step(sched, runner)
     assert plan.decode == ("d", "p1", "p2") and plan.prefill == (PrefillChunk("p3", 1, 4, True),)
@@ -613,8 +626,13 @@ class Traffic:
             cached = min(self.cached[u.seq_id], len(request.prompt_tokens) - 1) if self.uses_cache else 0
             assert u.num_cached == cached
             max_tokens = request.max_tokens
-            want = (FinishReason.STOP if u.token == EOS
-                    else FinishReason.LENGTH if u.num_generated == max_tokens else None)
+            want = (
+                FinishReason.STOP
+                if u.token == EOS
+                else FinishReason.LENGTH
+                if u.num_generated == max_tokens
+                else None
+            )
             assert u.finish is want, (u, max_tokens)
             if u.finish is not None:
                 self.end(u.seq_id, "finished")
@@ -636,7 +654,7 @@ class Traffic:
             assert seq_id in self.alive and seq_id not in self.admitted
             self.admitted.append(seq_id)
         # FIFO admission: admitted ids follow the order they were added in.
-        order = [self.add_order[s] for s in self.admitted[-len(plan.admitted) - 1:]]
+        order = [self.add_order[s] for s in self.admitted[-len(plan.admitted) - 1 :]]
         assert order == sorted(order)
         assert {s.id for s in sched.prefilling} == prefilling_before | set(plan.admitted)
         self.check_chunks(plan)
@@ -645,8 +663,11 @@ class Traffic:
             cap = cfg.kv_capacity_tokens
             active = [s.kv_tokens for s in (*sched.prefilling, *sched.decoding)]
             padded = (sched.num_active + 1) * max([head.kv_tokens, *active])
-            assert (len(sched.prefilling) >= cfg.max_prefilling or sched.num_active >= cfg.max_running
-                    or (cap is not None and padded > cap))
+            assert (
+                len(sched.prefilling) >= cfg.max_prefilling
+                or sched.num_active >= cfg.max_running
+                or (cap is not None and padded > cap)
+            )
 
     def check_chunks(self, plan: StepPlan) -> None:
         sched = self.sched
@@ -662,8 +683,11 @@ class Traffic:
 
     def check_state(self) -> None:
         sched, cfg = self.sched, self.sched.config
-        lists = {SeqState.WAITING: list(sched.waiting), SeqState.PREFILLING: sched.prefilling,
-                 SeqState.DECODING: sched.decoding}
+        lists = {
+            SeqState.WAITING: list(sched.waiting),
+            SeqState.PREFILLING: sched.prefilling,
+            SeqState.DECODING: sched.decoding,
+        }
         held = [s.id for seqs in lists.values() for s in seqs]
         assert len(held) == len(set(held)) and set(held) == self.alive
         for state, seqs in lists.items():
@@ -679,9 +703,12 @@ class Traffic:
 def random_traffic(seed: int) -> Traffic:
     rng = random.Random(seed)
     max_running = rng.randint(1, 6)
-    config = SchedulerConfig(max_running=max_running, max_prefilling=rng.randint(1, 4),
-                             token_budget=rng.randint(max_running, 24),
-                             kv_capacity_tokens=rng.choice([None, rng.randint(20, 120)]))
+    config = SchedulerConfig(
+        max_running=max_running,
+        max_prefilling=rng.randint(1, 4),
+        token_budget=rng.randint(max_running, 24),
+        kv_capacity_tokens=rng.choice([None, rng.randint(20, 120)]),
+    )
     cached: dict[str, int] = {}
     uses_cache = rng.random() < 0.5
     sched = Scheduler(config, frozenset({EOS}), (lambda r: cached[r.id]) if uses_cache else None)

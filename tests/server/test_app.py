@@ -15,9 +15,17 @@ from server.config import Config
 from tests.support.asgi import call, wait_until
 from tests.support.fake_engine import fake_engine
 
-CHAT = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50})
-CHAT_STREAM = orjson.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
-                            "stream_options": {"include_usage": True}, "max_tokens": 50})
+CHAT = orjson.dumps(
+    {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+)
+CHAT_STREAM = orjson.dumps(
+    {
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 50,
+    }
+)
 
 
 def started(engine: ThreadEngine, **config: Any) -> App:
@@ -86,8 +94,13 @@ def test_app_disconnect_mid_stream_aborts_engine_at_once() -> None:
 
     async def go() -> Any:
         app = await ready(started(engine))
-        r = await call(app, "POST", "/v1/chat/completions", CHAT_STREAM.replace(b'"max_tokens":50', b'"max_tokens":200'),
-                       disconnect_after_chunks=3)
+        r = await call(
+            app,
+            "POST",
+            "/v1/chat/completions",
+            CHAT_STREAM.replace(b'"max_tokens":50', b'"max_tokens":200'),
+            disconnect_after_chunks=3,
+        )
         await wait_until(lambda: engine.counters.requests_aborted == 1)
         return r
 
@@ -100,8 +113,13 @@ def test_app_disconnect_while_waiting_for_json_aborts() -> None:
 
     async def go() -> None:
         app = await ready(started(engine))
-        r = await call(app, "POST", "/v1/chat/completions",
-                       CHAT.replace(b'"max_tokens":50', b'"max_tokens":300'), disconnect_after_s=0.2)
+        r = await call(
+            app,
+            "POST",
+            "/v1/chat/completions",
+            CHAT.replace(b'"max_tokens":50', b'"max_tokens":300'),
+            disconnect_after_s=0.2,
+        )
         assert r.status == 0  # nothing was sent to a client that left
         await wait_until(lambda: engine.counters.requests_aborted == 1)
 
@@ -205,7 +223,9 @@ def test_app_mlx_lm_server_paths_without_v1() -> None:
     async def go() -> tuple[Any, Any]:
         app = await ready(started(engine))
         prompt = orjson.dumps({"prompt": "hi", "max_tokens": 5})
-        return await call(app, "POST", "/chat/completions", CHAT), await call(app, "POST", "/completions", prompt)
+        return await call(app, "POST", "/chat/completions", CHAT), await call(
+            app, "POST", "/completions", prompt
+        )
 
     chat, text = run(go())
     assert chat.status == 200 and chat.json()["choices"][0]["message"]["content"] == "a"
@@ -226,8 +246,13 @@ def test_app_model_names_the_server_accepts() -> None:
 
     *served, gpt, bare = run(go())
     assert [r.status for r in served] == [200] * 5
-    assert [r.json()["model"] for r in served] == ["fake-model", "fake-model", "default", "coder",
-                                                    "claude-sonnet-4-5"]
+    assert [r.json()["model"] for r in served] == [
+        "fake-model",
+        "fake-model",
+        "default",
+        "coder",
+        "claude-sonnet-4-5",
+    ]
     for refused in (gpt, bare):
         err = refused.json()["error"]
         assert refused.status == 404 and err["param"] == "model"
@@ -239,8 +264,11 @@ def test_app_models_lists_the_served_model() -> None:
 
     async def go() -> tuple[Any, Any, Any]:
         app = await ready(started(engine))
-        return (await call(app, "GET", "/v1/models"), await call(app, "GET", "/v1/models/fake-model"),
-                await call(app, "GET", "/v1/models/other"))
+        return (
+            await call(app, "GET", "/v1/models"),
+            await call(app, "GET", "/v1/models/fake-model"),
+            await call(app, "GET", "/v1/models/other"),
+        )
 
     listing, one, other = run(go())
     assert listing.json()["data"][0]["id"] == "fake-model" and listing.json()["object"] == "list"
@@ -268,8 +296,10 @@ def test_app_bad_json_is_400_and_engine_keeps_serving() -> None:
 
     async def go() -> tuple[Any, Any]:
         app = await ready(started(engine))
-        return (await call(app, "POST", "/v1/chat/completions", b"{not json"),
-                await call(app, "POST", "/v1/chat/completions", CHAT))
+        return (
+            await call(app, "POST", "/v1/chat/completions", b"{not json"),
+            await call(app, "POST", "/v1/chat/completions", CHAT),
+        )
 
     bad, good = run(go())
     assert bad.status == 400 and bad.json()["error"]["type"] == "invalid_request_error"
@@ -284,8 +314,10 @@ def test_app_cors_only_when_origins_allowed() -> None:
         closed = await ready(started(engine))
         engine2, _ = fake_engine(["a"])
         open_ = await ready(started(engine2, allowed_origins=["https://app.example"]))
-        return (await call(with_cors(closed, []), "GET", "/health", headers=origin),
-                await call(with_cors(open_, open_.config.allowed_origins), "GET", "/health", headers=origin))
+        return (
+            await call(with_cors(closed, []), "GET", "/health", headers=origin),
+            await call(with_cors(open_, open_.config.allowed_origins), "GET", "/health", headers=origin),
+        )
 
     closed, open_ = run(go())
     assert "access-control-allow-origin" not in closed.headers
@@ -300,8 +332,12 @@ def test_app_n_choices_json_and_stream() -> None:
     async def go() -> tuple[Any, Any]:
         app = await ready(started(engine))
         whole = await call(app, "POST", "/v1/chat/completions", orjson.dumps(body))
-        streamed = await call(app, "POST", "/v1/chat/completions",
-                              orjson.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}))
+        streamed = await call(
+            app,
+            "POST",
+            "/v1/chat/completions",
+            orjson.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}),
+        )
         return whole, streamed
 
     whole, streamed = run(go())
@@ -327,7 +363,9 @@ def test_app_full_queue_is_429_with_retry_after_before_any_stream() -> None:
 
     async def go() -> tuple[Any, Any]:
         app = await ready(started(engine))
-        running = [asyncio.create_task(call(app, "POST", "/v1/chat/completions", long_stream)) for _ in range(2)]
+        running = [
+            asyncio.create_task(call(app, "POST", "/v1/chat/completions", long_stream)) for _ in range(2)
+        ]
         await wait_until(lambda: engine.gate.inflight == 2)
         refused = await call(app, "POST", "/v1/chat/completions", CHAT_STREAM)
         done = await asyncio.gather(*running)
@@ -341,32 +379,53 @@ def test_app_full_queue_is_429_with_retry_after_before_any_stream() -> None:
     assert after.status == 200 and engine.gate.inflight == 0
 
 
-TOOL_PIECES = ["Sure. ", "<tool", "_call>", '{"name": "get_weather", ', '"arguments": {"city": "Paris"}}',
-               "</tool_call>"]
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}
+TOOL_PIECES = [
+    "Sure. ",
+    "<tool",
+    "_call>",
+    '{"name": "get_weather", ',
+    '"arguments": {"city": "Paris"}}',
+    "</tool_call>",
+]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
 
 def test_app_tool_calls_in_openai_json_and_stream() -> None:
     import openai
 
     engine, _ = fake_engine(TOOL_PIECES)
-    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER], "max_tokens": 50}
+    body = {
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [WEATHER],
+        "max_tokens": 50,
+    }
 
     async def go() -> tuple[Any, Any, Any]:
         app = await ready(started(engine))
         whole = await call(app, "POST", "/v1/chat/completions", orjson.dumps(body))
         streamed = await call(app, "POST", "/v1/chat/completions", orjson.dumps({**body, "stream": True}))
-        untooled = await call(app, "POST", "/v1/chat/completions", orjson.dumps({**body, "tool_choice": "none"}))
+        untooled = await call(
+            app, "POST", "/v1/chat/completions", orjson.dumps({**body, "tool_choice": "none"})
+        )
         return whole, streamed, untooled
 
     whole, streamed, untooled = run(go())
     msg = openai.types.chat.ChatCompletion.model_validate(whole.json()).choices[0]
     assert msg.finish_reason == "tool_calls" and msg.message.content == "Sure. "
     call_ = msg.message.tool_calls[0]  # type: ignore[index]
-    assert call_.function.name == "get_weather" and orjson.loads(call_.function.arguments) == {"city": "Paris"}
-    chunks = [openai.types.chat.ChatCompletionChunk.model_validate(orjson.loads(d))
-              for d in streamed.sse_data()[:-1]]
+    assert call_.function.name == "get_weather" and orjson.loads(call_.function.arguments) == {
+        "city": "Paris"
+    }
+    chunks = [
+        openai.types.chat.ChatCompletionChunk.model_validate(orjson.loads(d))
+        for d in streamed.sse_data()[:-1]
+    ]
     deltas = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
     assert (deltas[0].id or "").startswith("call_") and deltas[0].function.name == "get_weather"  # type: ignore[union-attr]
     assert orjson.loads("".join(d.function.arguments or "" for d in deltas)) == {"city": "Paris"}  # type: ignore[union-attr]
@@ -379,38 +438,57 @@ def test_app_tool_calls_in_openai_json_and_stream() -> None:
 def test_app_tool_calls_in_anthropic_and_responses() -> None:
     engine, _ = fake_engine(TOOL_PIECES)
     tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
-    messages = {"model": "fake-model", "max_tokens": 50, "tools": [tool],
-                "messages": [{"role": "user", "content": "Weather in Paris?"}]}
-    responses = {"model": "fake-model", "input": "Weather in Paris?", "tools": [
-        {"type": "function", "name": "get_weather", "parameters": tool["input_schema"]}]}
+    messages = {
+        "model": "fake-model",
+        "max_tokens": 50,
+        "tools": [tool],
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+    }
+    responses = {
+        "model": "fake-model",
+        "input": "Weather in Paris?",
+        "tools": [{"type": "function", "name": "get_weather", "parameters": tool["input_schema"]}],
+    }
 
     async def go() -> tuple[Any, Any]:
         app = await ready(started(engine))
-        return (await call(app, "POST", "/v1/messages", orjson.dumps(messages)),
-                await call(app, "POST", "/v1/responses", orjson.dumps(responses)))
+        return (
+            await call(app, "POST", "/v1/messages", orjson.dumps(messages)),
+            await call(app, "POST", "/v1/responses", orjson.dumps(responses)),
+        )
 
     msg, resp = run(go())
     m = msg.json()
     assert m["stop_reason"] == "tool_use"
     use = next(b for b in m["content"] if b["type"] == "tool_use")
-    assert use["name"] == "get_weather" and use["input"] == {"city": "Paris"} and use["id"].startswith("toolu_")
+    assert (
+        use["name"] == "get_weather" and use["input"] == {"city": "Paris"} and use["id"].startswith("toolu_")
+    )
     items = [i for i in resp.json()["output"] if i["type"] == "function_call"]
     assert items[0]["name"] == "get_weather" and orjson.loads(items[0]["arguments"]) == {"city": "Paris"}
 
 
 def test_app_reasoning_kept_apart_from_the_answer() -> None:
     engine, _ = fake_engine(["<thi", "nk>", "The user", " asks.", "</think>", "Paris."], thinking=True)
-    messages = {"model": "fake-model", "max_tokens": 50, "messages": [{"role": "user", "content": "Capital?"}]}
+    messages = {
+        "model": "fake-model",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "Capital?"}],
+    }
 
     async def go() -> tuple[Any, Any, Any]:
         app = await ready(started(engine))
-        return (await call(app, "POST", "/v1/chat/completions", CHAT),
-                await call(app, "POST", "/v1/chat/completions", CHAT_STREAM),
-                await call(app, "POST", "/v1/messages", orjson.dumps(messages)))
+        return (
+            await call(app, "POST", "/v1/chat/completions", CHAT),
+            await call(app, "POST", "/v1/chat/completions", CHAT_STREAM),
+            await call(app, "POST", "/v1/messages", orjson.dumps(messages)),
+        )
 
     whole, streamed, anthropic = run(go())
     msg = whole.json()["choices"][0]["message"]
-    assert (msg["reasoning"], msg["reasoning_content"], msg["content"]) == ("The user asks.",) * 2 + ("Paris.",)
+    assert (msg["reasoning"], msg["reasoning_content"], msg["content"]) == ("The user asks.",) * 2 + (
+        "Paris.",
+    )
     chunks = [orjson.loads(d) for d in streamed.sse_data()[:-1]]
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert "".join(d.get("reasoning", "") for d in deltas) == "The user asks."

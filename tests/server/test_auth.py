@@ -34,7 +34,9 @@ def request(
         app = App(cfg, engine)
         engine.start()
         await engine.wait_ready()
-        stack = with_cors(AuthMiddleware(app, ApiKeys(load_api_keys(cfg, {})), app.table), cfg.allowed_origins)
+        stack = with_cors(
+            AuthMiddleware(app, ApiKeys(load_api_keys(cfg, {})), app.table), cfg.allowed_origins
+        )
         return await call(stack, method, path, body, headers=headers)
 
     return asyncio.run(go())
@@ -114,10 +116,14 @@ def test_auth_cors_preflight_passes_without_key() -> None:
 
 def test_auth_401_carries_cors_headers_for_an_allowed_origin_only() -> None:
     allowed = [(b"origin", b"https://app.example")]
-    r = request("/v1/chat/completions", allowed, method="POST", body=CHAT, allowed_origins=["https://app.example"])
+    r = request(
+        "/v1/chat/completions", allowed, method="POST", body=CHAT, allowed_origins=["https://app.example"]
+    )
     assert r.status == 401 and r.headers["access-control-allow-origin"] == "https://app.example"
     other = [(b"origin", b"https://evil.example")]
-    r = request("/v1/chat/completions", other, method="POST", body=CHAT, allowed_origins=["https://app.example"])
+    r = request(
+        "/v1/chat/completions", other, method="POST", body=CHAT, allowed_origins=["https://app.example"]
+    )
     assert r.status == 401 and "access-control-allow-origin" not in r.headers
 
 
@@ -213,7 +219,9 @@ def test_auth_stored_responses_belong_to_the_key_that_made_them() -> None:
         engine.start()
         await engine.wait_ready()
         stack = AuthMiddleware(app, ApiKeys(["sk-alice", "sk-bob"]), app.table)
-        made = await call(stack, "POST", "/v1/responses", b'{"input":"hi","max_output_tokens":3}', headers=[alice])
+        made = await call(
+            stack, "POST", "/v1/responses", b'{"input":"hi","max_output_tokens":3}', headers=[alice]
+        )
         rid = made.json()["id"]
         go_on = f'{{"input":"more","previous_response_id":"{rid}","max_output_tokens":3}}'.encode()
         return {

@@ -10,14 +10,43 @@ from server.config import load_config
 def test_config_defaults_match_mlx_lm_server() -> None:
     c = load_config([])
     assert (c.host, c.port, c.temp, c.top_p, c.top_k, c.min_p, c.max_tokens) == (
-        "127.0.0.1", 8080, 0.0, 1.0, 0, 0.0, 512)
+        "127.0.0.1",
+        8080,
+        0.0,
+        1.0,
+        0,
+        0.0,
+        512,
+    )
 
 
 def test_config_accepts_mlx_lm_flags() -> None:
-    c = load_config(["--model", "m", "--host", "0.0.0.0", "--port", "9", "--temp", "0.7",
-                     "--top-p", "0.9", "--top-k", "40", "--min-p", "0.05", "--max-tokens", "64",
-                     "--chat-template", "{{x}}", "--chat-template-args", '{"enable_thinking": false}',
-                     "--log-level", "debug"])
+    c = load_config(
+        [
+            "--model",
+            "m",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9",
+            "--temp",
+            "0.7",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "40",
+            "--min-p",
+            "0.05",
+            "--max-tokens",
+            "64",
+            "--chat-template",
+            "{{x}}",
+            "--chat-template-args",
+            '{"enable_thinking": false}',
+            "--log-level",
+            "debug",
+        ]
+    )
     assert c.model == "m" and c.port == 9 and c.top_k == 40 and c.log_level == "DEBUG"
     assert c.chat_template_args == {"enable_thinking": False}
 
@@ -71,9 +100,15 @@ def test_config_speculation_gate_reaches_the_engine(capsys: pytest.CaptureFixtur
     assert "--speculation-gate" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--draft-kind", "draft"], ["--draft-kind", "ngram", "--draft-model", "d"],
-                                  ["--draft-kind", "ngram", "--num-draft-tokens", "0"],
-                                  ["--draft-kind", "medusa"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--draft-kind", "draft"],
+        ["--draft-kind", "ngram", "--draft-model", "d"],
+        ["--draft-kind", "ngram", "--num-draft-tokens", "0"],
+        ["--draft-kind", "medusa"],
+    ],
+)
 def test_config_speculation_flag_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         load_config(argv)
@@ -92,8 +127,9 @@ def test_config_tool_call_parser_names_a_family_and_reaches_the_engine(tmp_path:
 
 
 @pytest.mark.parametrize("where", ["flag", "toml"])
-def test_config_unknown_tool_call_parser_is_an_error(tmp_path: Path, where: str,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_config_unknown_tool_call_parser_is_an_error(
+    tmp_path: Path, where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     f = tmp_path / "c.toml"
     f.write_text('tool_call_parser = "hermes2"\n')
     with pytest.raises(SystemExit):
@@ -110,10 +146,19 @@ def test_config_shard_modes_and_the_pipeline_alias() -> None:
     assert load_config(["--pipeline", "--shard", "pipeline"]).shard == "pipeline"
 
 
-@pytest.mark.parametrize("flags", [["--pipeline", "--shard", "tensor"], ["--draft-kind", "ngram"],
-                                   ["--draft-model", "d"], ["--engine", "thread"], ["--adapter-path", "a"]])
-def test_config_shard_refuses_what_it_cannot_combine_with(flags: list[str],
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--pipeline", "--shard", "tensor"],
+        ["--draft-kind", "ngram"],
+        ["--draft-model", "d"],
+        ["--engine", "thread"],
+        ["--adapter-path", "a"],
+    ],
+)
+def test_config_shard_refuses_what_it_cannot_combine_with(
+    flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         load_config(flags if "--pipeline" in flags else ["--shard", "tensor", *flags])
     assert "cannot be combined with --shard" in capsys.readouterr().err

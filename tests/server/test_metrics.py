@@ -344,6 +344,8 @@ def test_metric_series_stay_bounded_under_random_methods_and_unauthenticated_req
     series = [k for k in m if k.startswith("mlx_serve:http_requests_total{")]
     labels = [dict(kv.split("=", 1) for kv in k[k.index("{") + 1 : -1].split(",")) for k in series]
     assert {lab["method"] for lab in labels} <= KNOWN_METHODS | {"OTHER"}
-    assert {lab["endpoint"] for lab in labels} <= {r.metric_label for r in App(Config(), engine).table.routes} | {OTHER}
+    assert {lab["endpoint"] for lab in labels} <= {
+        r.metric_label for r in App(Config(), engine).table.routes
+    } | {OTHER}
     assert len(series) <= 12  # a handful of (endpoint, method, status) triples, not one per method
     assert sum(m[k] for k in series) == 1000

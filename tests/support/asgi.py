@@ -31,10 +31,17 @@ class Reply:
         return [line[6:] for line in text.split("\n") if line.startswith("data: ")]
 
 
-async def call(app: Any, method: str, path: str, body: bytes = b"", *,
-               disconnect_after_chunks: int | None = None,
-               disconnect_after_s: float | None = None, headers: list[tuple[bytes, bytes]] | None = None,
-               timeout_s: float = 10.0) -> Reply:
+async def call(
+    app: Any,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    *,
+    disconnect_after_chunks: int | None = None,
+    disconnect_after_s: float | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    timeout_s: float = 10.0,
+) -> Reply:
     """One request. With `disconnect_after_chunks`, the client leaves after that many body chunks."""
     reply = Reply()
     gone = asyncio.Event()
@@ -61,8 +68,14 @@ async def call(app: Any, method: str, path: str, body: bytes = b"", *,
             if disconnect_after_chunks is not None and len(reply.chunks) >= disconnect_after_chunks:
                 gone.set()
 
-    scope = {"type": "http", "method": method, "path": path, "headers": headers or [],
-             "query_string": b"", "http_version": "1.1"}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": headers or [],
+        "query_string": b"",
+        "http_version": "1.1",
+    }
     await asyncio.wait_for(app(scope, receive, send), timeout_s)
     gone.set()
     return reply

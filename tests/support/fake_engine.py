@@ -69,8 +69,9 @@ class FakeTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(i) for i in ids)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = True,
-                            **kwargs: Any) -> str | list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tokenize: bool = True, **kwargs: Any
+    ) -> str | list[int]:
         if self.template is not None:
             text = self.template.apply_chat_template(messages, tokenize=False, **kwargs)
         else:
@@ -103,8 +104,7 @@ class ScriptedRunner:
     max_rows_seen: int = 0
     resets: int = 0
 
-    def admit(self, request: Request, cache: Any = None, num_cached: int = 0,
-              constraint: Any = None) -> None:
+    def admit(self, request: Request, cache: Any = None, num_cached: int = 0, constraint: Any = None) -> None:
         if self._fault(request.id, "admit") is not None:
             raise RuntimeError("injected fault at admit")
         self.rows[request.id] = -1
@@ -146,11 +146,20 @@ class ScriptedRunner:
         self.resets += 1
 
 
-def fake_engine(pieces: list[str], *, step_s: float = 0.0, fail_after: int | None = None,
-                load_gate: threading.Event | None = None, load_error: str | None = None,
-                max_running: int = 32, capacity: int = 1 << 30, thinking: bool = False,
-                tool_parser: str | None = None, templated: bool = False,
-                context: int | None = None) -> tuple[ThreadEngine, list[ScriptedRunner]]:
+def fake_engine(
+    pieces: list[str],
+    *,
+    step_s: float = 0.0,
+    fail_after: int | None = None,
+    load_gate: threading.Event | None = None,
+    load_error: str | None = None,
+    max_running: int = 32,
+    capacity: int = 1 << 30,
+    thinking: bool = False,
+    tool_parser: str | None = None,
+    templated: bool = False,
+    context: int | None = None,
+) -> tuple[ThreadEngine, list[ScriptedRunner]]:
     """`templated`: prompts are rendered by a real Jinja chat template (ChatML, with tools);
     `context`: the longest prompt + max_tokens a request may use, as a memory plan would say."""
     runners: list[ScriptedRunner] = []

@@ -26,8 +26,9 @@ def hypercorn_serving(app: Any, ready_path: str = "/health", timeout_s: float = 
     config.graceful_timeout = 0.5
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
-    thread = threading.Thread(target=loop.run_until_complete,
-                              args=(serve(app, config, shutdown_trigger=stop.wait),), daemon=True)
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(serve(app, config, shutdown_trigger=stop.wait),), daemon=True
+    )
     thread.start()
     url = f"http://{config.bind[0]}"
     try:

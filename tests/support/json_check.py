@@ -19,8 +19,9 @@ _TYPES: dict[str, Any] = {
 }
 
 
-def errors(value: Any, schema: dict[str, Any], root: dict[str, Any] | None = None,
-           at: str = "$") -> list[str]:
+def errors(
+    value: Any, schema: dict[str, Any], root: dict[str, Any] | None = None, at: str = "$"
+) -> list[str]:
     """Every way `value` breaks `schema`, as "path: reason" lines (empty when valid)."""
     root = schema if root is None else root
     if "$ref" in schema:

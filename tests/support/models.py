@@ -33,25 +33,45 @@ def qwen_folder(name: str) -> Path:
 
 def tiny_llama(out: Path, tokenizer_from: Path, *, seed: int = 0) -> Path:
     """A 2-layer random-weight llama (float32) sharing SmolLM2's tokenizer and template."""
-    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0,
-              "tie_word_embeddings": True, "max_position_embeddings": 8192}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 49152,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 8192,
+    }
     return _random_model(out, tokenizer_from, config, seed, embed_scale=8)
 
 
 def shardable_model(out: Path, tokenizer_from: Path, *, seed: int = 0) -> Path:
     """A 4-layer random-weight qwen2 (float32, untied head) that mlx-lm can shard both ways over
     2 ranks (4 heads / 2 KV heads; pipeline support). Its greedy text wanders instead of echoing."""
-    config = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4,
-              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "rms_norm_eps": 1e-6, "vocab_size": 49152, "rope_theta": 10000.0,
-              "tie_word_embeddings": False, "max_position_embeddings": 8192, "eos_token_id": 2}
+    config = {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": 49152,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 8192,
+        "eos_token_id": 2,
+    }
     return _random_model(out, tokenizer_from, config, seed)
 
 
-def _random_model(out: Path, tokenizer_from: Path, config: dict[str, object], seed: int,
-                  embed_scale: float = 1.0) -> Path:
+def _random_model(
+    out: Path, tokenizer_from: Path, config: dict[str, object], seed: int, embed_scale: float = 1.0
+) -> Path:
     """mlx-lm's own initialization of `config`'s architecture, saved with SmolLM2's tokenizer."""
     import importlib
 

@@ -42,8 +42,15 @@ def wait_healthy(url: str, exited: Callable[[], bool], timeout_s: float) -> str 
 class ServerProcess:
     """Starts `python -m server ARGS`, waits for /health 200, and stops it on close()."""
 
-    def __init__(self, args: list[str], log_path: Path, *, env: dict[str, str] | None = None,
-                 ready_timeout_s: float = 300.0, bare: bool = False) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+        ready_timeout_s: float = 300.0,
+        bare: bool = False,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -53,8 +60,9 @@ class ServerProcess:
         aliases = [] if given else [a for n in TEST_NAMES for a in ("--served-model-name", n)]
         cmd = [sys.executable, "-m", "server", "--port", str(self.port), *aliases, *args]
         self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
         self._wait_ready(ready_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -81,8 +89,9 @@ class ServerProcess:
         self._log.close()
 
 
-def assert_disconnect_stops_generation(server: ServerProcess, path: str, body: dict[str, object],
-                                       lines_before_leaving: int) -> None:
+def assert_disconnect_stops_generation(
+    server: ServerProcess, path: str, body: dict[str, object], lines_before_leaving: int
+) -> None:
     """Leave a 2000-token stream after a few lines: the engine must stop within a step or so."""
     before = server.stats()
     with httpx.stream("POST", server.url + path, json=body, timeout=60) as r:

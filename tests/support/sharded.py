@@ -35,8 +35,9 @@ class ShardedGroup:
     mlx.launch stops every rank once one dies, while this keeps rank 0 up to report it.
     """
 
-    def __init__(self, args: list[str], log_dir: Path, *, launcher: str = "mlx.launch",
-                 ready_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, args: list[str], log_dir: Path, *, launcher: str = "mlx.launch", ready_timeout_s: float = 300.0
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_dir = log_dir
@@ -46,9 +47,21 @@ class ShardedGroup:
         self.procs: list[subprocess.Popen[bytes]] = []
         self._logs = []
         if launcher == "mlx.launch":
-            launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "--hosts",
-                      "127.0.0.1", "-n", "2", "--starting-port", str(ring), "--env", "OPENBLAS_NUM_THREADS=1",
-                      "--", *cmd]
+            launch = [
+                str(Path(sys.executable).parent / "mlx.launch"),
+                "--backend",
+                "ring",
+                "--hosts",
+                "127.0.0.1",
+                "-n",
+                "2",
+                "--starting-port",
+                str(ring),
+                "--env",
+                "OPENBLAS_NUM_THREADS=1",
+                "--",
+                *cmd,
+            ]
             self._start(launch, env, "group")
         else:
             hostfile = log_dir / "hosts.json"
@@ -60,8 +73,11 @@ class ShardedGroup:
     def _start(self, cmd: list[str], env: dict[str, str], name: str) -> None:
         log = (self.log_dir / f"{name}.log").open("wb")
         self._logs.append(log)
-        self.procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        )
 
     def _wait_ready(self, timeout_s: float) -> None:
         why = wait_healthy(self.url, lambda: any(p.poll() is not None for p in self.procs), timeout_s)
@@ -70,7 +86,9 @@ class ShardedGroup:
             raise RuntimeError(f"sharded server not ready ({why}):\n{self.log()}")
 
     def log(self) -> str:
-        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')}" for p in sorted(self.log_dir.glob("*.log")))
+        return "\n".join(
+            f"== {p.name}\n{p.read_text(errors='replace')}" for p in sorted(self.log_dir.glob("*.log"))
+        )
 
     def follower_pid(self) -> int:
         """The pid of the rank-1 server process (under mlx.launch: found by its MLX_RANK)."""

@@ -35,7 +35,7 @@ def write(caches: list[Any], kept: list[mx.array], width: int, cut: list[int], s
     caches[0].update_and_fetch(new, new)
     cut_rows(caches, cut)
     for i, c in enumerate(cut):
-        kept[i] = mx.concatenate([kept[i], new[i:i + 1, :, :width - c]], axis=2)
+        kept[i] = mx.concatenate([kept[i], new[i : i + 1, :, : width - c]], axis=2)
 
 
 def attention(cache: Any, query: mx.array) -> mx.array:
@@ -53,9 +53,9 @@ def assert_same_as_fresh(cache: Any, kept: list[mx.array]) -> None:
     for i, k in enumerate(kept):
         alone = KVCache()
         alone.update_and_fetch(k, k)
-        keys, values = alone.update_and_fetch(q[i:i + 1], q[i:i + 1])
-        want = mx.fast.scaled_dot_product_attention(q[i:i + 1], keys, values, scale=1.0, mask=None)
-        assert mx.allclose(got[i:i + 1], want, atol=1e-5), f"row {i}"
+        keys, values = alone.update_and_fetch(q[i : i + 1], q[i : i + 1])
+        want = mx.fast.scaled_dot_product_attention(q[i : i + 1], keys, values, scale=1.0, mask=None)
+        assert mx.allclose(got[i : i + 1], want, atol=1e-5), f"row {i}"
         assert mx.array_equal(cache.extract(i).keys, k), f"row {i} extract"
     assert cache.offset.tolist() == [k.shape[2] for k in kept]  # each row's next RoPE position
 

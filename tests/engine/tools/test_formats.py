@@ -19,7 +19,8 @@ LLAMA32_TEMPLATE = (
     "{%- set tool_call = message.tool_calls[0].function %}"
     "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}"
     "{{- '{\"name\": \"' + tool_call.name + '\", ' }}{{- '\"parameters\": ' }}"
-    "{{- tool_call.arguments | tojson }}{{- \"}\" }}{%- endif %}{%- endfor %}")
+    '{{- tool_call.arguments | tojson }}{{- "}" }}{%- endif %}{%- endfor %}'
+)
 
 
 class Wrapper:
@@ -38,8 +39,10 @@ def calls_of(fmt: Any, case: Recorded) -> list[tuple[str, Any]]:
     splitter = ToolCallSplitter(fmt, case.tools)
     events = [e for piece in case.output for e in splitter.feed(piece)] + splitter.close()
     names = {e.index: e.name for e in events if isinstance(e, ToolCallStart)}
-    args = {i: "".join(e.arguments for e in events if isinstance(e, ToolCallArgsDelta) and e.index == i)
-            for i in names}
+    args = {
+        i: "".join(e.arguments for e in events if isinstance(e, ToolCallArgsDelta) and e.index == i)
+        for i in names
+    }
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == case.text
     return [(names[i], json.loads(args[i])) for i in sorted(names)]
 

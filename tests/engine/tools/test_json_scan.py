@@ -10,11 +10,40 @@ import pytest
 
 from engine.tools.json_scan import JsonScanner, partial_value
 
-VALID = ['{}', '[]', '{"a": 1}', '{"a": [1, -0, 2.5, -1.5e-3, 1E+2, 0.0], "b": {"c": null}}',
-         '"plain"', r'"esc \" \\ \/ \b \f \n \r \t \u00e9 \uD83D\uDE00"', '[true, false, null]',
-         '{ "spaced" :\n\t[ 1 , 2 ] }', '[[[[]]], {"": ""}]', '"\u00e9t\u00e9 \u2014 \U0001f600"']
-INVALID = ['{"a" 1}', '{"a": 1,}', '[1,]', '{,}', '01', '1.', '.5', '-', '1.e5', 'tru', 'nul',
-           '"\\x"', '"\\u12g4"', '{"a": 1}}', '[1 2]', '{1: 2}', "{'a': 1}", '+1', '[}', '{]']
+VALID = [
+    "{}",
+    "[]",
+    '{"a": 1}',
+    '{"a": [1, -0, 2.5, -1.5e-3, 1E+2, 0.0], "b": {"c": null}}',
+    '"plain"',
+    r'"esc \" \\ \/ \b \f \n \r \t \u00e9 \uD83D\uDE00"',
+    "[true, false, null]",
+    '{ "spaced" :\n\t[ 1 , 2 ] }',
+    '[[[[]]], {"": ""}]',
+    '"\u00e9t\u00e9 \u2014 \U0001f600"',
+]
+INVALID = [
+    '{"a" 1}',
+    '{"a": 1,}',
+    "[1,]",
+    "{,}",
+    "01",
+    "1.",
+    ".5",
+    "-",
+    "1.e5",
+    "tru",
+    "nul",
+    '"\\x"',
+    '"\\u12g4"',
+    '{"a": 1}}',
+    "[1 2]",
+    "{1: 2}",
+    "{'a': 1}",
+    "+1",
+    "[}",
+    "{]",
+]
 
 
 def scan(pieces: list[str]) -> tuple[JsonScanner, str, int]:
@@ -84,9 +113,18 @@ def test_json_scan_a_number_ends_only_when_something_follows_it() -> None:
     assert scanner.feed("]") == (1, "]") and scanner.done
 
 
-@pytest.mark.parametrize(("cut", "holds"), [
-    ('{"city": "Par', {}), ('{"city": "Paris", "da', {"city": "Paris"}),
-    ('{"city": "Paris", "days": 3', {"city": "Paris", "days": 3}), ('{"a": [1, {"b": tr', {"a": [1, {}]}),
-    ('{"x": 1.', {}), ('{"a": 1} and more', {"a": 1}), ("", None), ("not json", None)])
+@pytest.mark.parametrize(
+    ("cut", "holds"),
+    [
+        ('{"city": "Par', {}),
+        ('{"city": "Paris", "da', {"city": "Paris"}),
+        ('{"city": "Paris", "days": 3', {"city": "Paris", "days": 3}),
+        ('{"a": [1, {"b": tr', {"a": [1, {}]}),
+        ('{"x": 1.', {}),
+        ('{"a": 1} and more', {"a": 1}),
+        ("", None),
+        ("not json", None),
+    ],
+)
 def test_json_scan_partial_value_reads_a_cut_text_as_the_sdks_do(cut: str, holds: Any) -> None:
     assert partial_value(cut) == holds

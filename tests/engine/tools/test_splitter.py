@@ -29,13 +29,13 @@ class Run:
         return [(n, e) for n, e in self.events if isinstance(e, ToolCallStart)]
 
     def arguments(self, index: int) -> list[tuple[int, str]]:
-        return [(n, e.arguments) for n, e in self.events
-                if isinstance(e, ToolCallArgsDelta) and e.index == index]
+        return [
+            (n, e.arguments) for n, e in self.events if isinstance(e, ToolCallArgsDelta) and e.index == index
+        ]
 
     @property
     def calls(self) -> list[tuple[str, object]]:
-        return [(e.name, json.loads("".join(a for _, a in self.arguments(e.index))))
-                for _, e in self.starts]
+        return [(e.name, json.loads("".join(a for _, a in self.arguments(e.index)))) for _, e in self.starts]
 
 
 def run(fmt: ToolFormat, pieces: list[str], tools: tuple[dict[str, object], ...] = (WEATHER,)) -> Run:
@@ -55,7 +55,7 @@ def splits(text: str, seed: int = 0) -> list[list[str]]:
         pieces, i = [], 0
         while i < len(text):
             n = rng.randint(1, 8)
-            pieces.append(text[i:i + n])
+            pieces.append(text[i : i + n])
             i += n
         out.append(pieces)
     return out
@@ -137,8 +137,10 @@ def test_tool_calls_cut_short_keep_the_arguments_written_so_far() -> None:
 
 
 def test_tool_calls_cut_before_any_argument_get_an_empty_object() -> None:
-    for family, cut in [("hermes", '<tool_call>{"name": "get_weather"'),
-                        ("qwen3_coder", "<tool_call>\n<function=get_weather>\n")]:
+    for family, cut in [
+        ("hermes", '<tool_call>{"name": "get_weather"'),
+        ("qwen3_coder", "<tool_call>\n<function=get_weather>\n"),
+    ]:
         assert run(fmt_of(family), list(cut)).calls == [("get_weather", {})]
 
 
