@@ -12,7 +12,12 @@ time (480 of its 511 rows at 256), run as idle work (Core.idle_work): one batch 
 the engine's loop, only while no request is in the engine and once it has gone a second without
 a step, so start-up does not wait for them and a request that arrives waits at most for the step
 under way; the burst it interrupted is dropped (its KV freed) and runs again from its start later.
-A CPU compiles nothing, so there it does nothing.
+On a CPU it does nothing: MLX's CPU backend compiles no kernel per shape; it builds its few
+fused kernels (mx.compile'd activations) with the system C++ compiler the first time a process
+meets each one and keeps them on disk ($TMPDIR/mlx/<version>/cpu). A fresh machine's first
+request pays that once (SmolLM2: one kernel, ~0.6 s on a 2-core x86 box), and a fresh server's
+first 16-client burst there measured 1.39-1.64x the warmed TTFT p95 (bench/cpu_item3.sh), inside
+issue 19's 2x; warming it before ready would cost every start-up a forward pass instead.
 """
 
 from __future__ import annotations

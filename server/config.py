@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-warmup",
         dest="warmup",
         action="store_false",
-        help="skip compiling the usual kernel shapes, before ready and while idle (GPU backends; a CPU compiles nothing)",
+        help="skip compiling the usual kernel shapes, before ready and while idle (GPU backends; a CPU builds its few fused kernels once per machine)",
     )
     a("--prompt-concurrency", type=int, help="prompts prefilled together (8)")
     a("--prefill-step-size", type=int, help="prefill chunk in tokens, and the per-step token budget (2048)")

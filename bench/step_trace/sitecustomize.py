@@ -4,11 +4,12 @@
 
 Python imports this module at start-up in every process; in the engine's (multiprocessing spawns
 it with the server's environment), with STEP_TRACE_DIR set, it wraps the
-engine's step and the calls inside it, and every 50 steps appends those steps to
-STEP_TRACE_DIR/steps-<pid>.jsonl (a first line says whether phases are synchronized, then one line
-a step): per step its start, wall time, decoding rows, rows that joined, and the wall time of each
-phase (mlx-lm's batch calls, the prefix cache, MLX's evals). Only the new steps are written, so
-the tracer's own cost per step stays small and constant (it lands in the next step's "gap").
+engine's step and the calls inside it, and every 50 steps (and whenever one row or none is left)
+appends those steps to STEP_TRACE_DIR/steps-<pid>.jsonl (a first line says whether phases are
+synchronized, then one line a step): per step its start, wall time, decoding rows, rows that
+joined, and the wall time of each phase (mlx-lm's batch calls, the prefix cache, MLX's evals).
+A lone row's steps (engine.lone_row: one row decoding without a plan) are not traced. Only the
+new steps are written, so the tracer's own cost per step stays small and constant (it lands in the next step's "gap").
 With STEP_TRACE_SYNC=1 the phases also wait for the accelerator (mx.synchronize) at their end,
 so a phase's time is its accelerator time too: pipelining is lost, the split is what it shows.
 bench/step_trace_report.py summarizes the files.
@@ -111,7 +112,8 @@ def _install(out_dir: str) -> None:
             }
         )
         last_end[0] = t1
-        if len(steps) == 50:
+        # every 50 steps, and when one row or none is left (a lone row's steps are not traced)
+        if len(steps) == 50 or self.runner.num_rows <= 1:
             with open(path, "a") as f:
                 f.write("".join(json.dumps(s) + "\n" for s in steps))
             steps.clear()
