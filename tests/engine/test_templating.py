@@ -5,6 +5,7 @@ A real transformers tokenizer and Jinja sandbox (tests/support/byte_tokenizer.py
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -76,6 +77,53 @@ def test_template_rendering_has_a_deadline() -> None:
     # The thread is left clean: the next render in it works, and nothing fires later.
     assert templating.render(byte_tokenizer(), HELLO, None, {}, RenderLimits(timeout_s=0.3))
     time.sleep(0.4)
+
+
+def test_deadlines_share_one_watchdog_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A render starts no thread of its own (a 64-client burst waited ~1.6 ms a request for
+    one on a 2-core box); the watchdog, once started, serves them all."""
+    templating.render(byte_tokenizer(), HELLO, None, {}, RenderLimits(timeout_s=5))
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        started.append(self.name)
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    for _ in range(200):
+        with templating.deadline(5):
+            pass
+    assert templating.render(byte_tokenizer(), HELLO, None, {}, RenderLimits(timeout_s=5))
+    assert started == []
+
+
+def test_a_deadline_stops_only_its_own_thread() -> None:
+    """Two renders at once, in two threads: the runaway one is stopped at its deadline, the
+    other (a longer deadline, still running then) finishes untouched; an ended block's deadline
+    never fires afterwards."""
+    outcome: dict[str, str] = {}
+
+    def spin(name: str, seconds: float, spins: float) -> None:
+        try:
+            with templating.deadline(seconds):
+                until = time.monotonic() + spins
+                while time.monotonic() < until:  # pure Python: where the async exception lands
+                    pass
+            outcome[name] = "finished"
+        except templating.TemplateTimeout:
+            outcome[name] = "stopped"
+
+    runaway = threading.Thread(target=spin, args=("runaway", 0.2, 30.0))
+    steady = threading.Thread(target=spin, args=("steady", 5.0, 0.6))
+    started = time.monotonic()
+    runaway.start(), steady.start()
+    runaway.join(10), steady.join(10)
+    assert outcome == {"runaway": "stopped", "steady": "finished"}
+    assert time.monotonic() - started < 5
+    spin("ended", 0.1, 0.0)  # its deadline passes while this thread spins on below
+    spin("after", 5.0, 0.4)
+    assert outcome["ended"] == "finished" and outcome["after"] == "finished"
 
 
 def test_template_output_has_a_size_cap() -> None:
