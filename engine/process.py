@@ -24,7 +24,7 @@ from engine.errors import EngineFailed, ServeError
 from engine.frames import POLL_GAP_S, POLL_S, FrameReader
 from engine.process_child import serve_child
 from engine.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
-from engine.tokenizer import spelling_span
+from engine.tokenizer import spelling_span, warm_prompt_path
 from engine.types import Finished
 
 log = logging.getLogger("mlx_serve.engine")
@@ -93,6 +93,7 @@ class ProcessEngine(EngineClient):
             self._hand_over(self._spawn)
             tokenizer = self._plan.load_tokenizer()
             span = spelling_span(tokenizer)  # here, off the event loop
+            warm_prompt_path(tokenizer)
         except Exception as exc:
             log.debug("model preparation failed", exc_info=True)
             self._hand_over(self._load_failed, f"cannot load the model: {type(exc).__name__}: {exc}")

@@ -22,7 +22,7 @@ from engine.core import Core
 from engine.core_parts import Ticket
 from engine.errors import ServeError
 from engine.loader import LoadedModel
-from engine.tokenizer import spelling_span
+from engine.tokenizer import spelling_span, warm_prompt_path
 from engine.types import Counters, Event
 
 log = logging.getLogger("mlx_serve.engine")
@@ -83,6 +83,7 @@ class ThreadEngine(EngineClient):
             loaded = self._loader()
             core = self._make_core(loaded, self.counters)
             plan, span = getattr(core, "memory_plan", None), spelling_span(loaded.tokenizer)
+            warm_prompt_path(loaded.tokenizer)
             self._loaded(loaded.model_id, loaded.tokenizer, plan, span)
         except Exception as exc:
             log.debug("model failed to load", exc_info=True)

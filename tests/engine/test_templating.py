@@ -14,7 +14,7 @@ import pytest
 from engine import templating
 from engine.errors import ContextTooLong
 from engine.templating import APPLY_OPTIONS, RenderLimits
-from engine.tokenizer import ChatTokenizer
+from engine.tokenizer import ChatTokenizer, warm_prompt_path
 from tests.support.byte_tokenizer import CHATML, byte_tokenizer
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -207,3 +207,20 @@ def test_a_template_that_cuts_the_long_string_is_rendered_whole_and_fits() -> No
     ids = chat.render_chat([{"role": "user", "content": "x" * 3_000_000}])
     assert max(spy.rendered) == 3_000_000
     assert "x" * 40 + "<|im_end|>" in spy.wrapper.decode(ids)
+
+
+def test_the_prompt_path_is_warmed_once_where_the_tokenizer_loads() -> None:
+    """One render at load (the template's compile, the first encode), so a fresh server's first
+    burst does not pay it in every request; a template that refuses it does not stop the load."""
+    wrapper = byte_tokenizer()
+    calls: list[Any] = []
+    render = wrapper.apply_chat_template
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        return render(*args, **kwargs)
+
+    wrapper.apply_chat_template = counted
+    warm_prompt_path(wrapper)
+    assert calls == [[{"role": "user", "content": "hello"}]]
+    warm_prompt_path(byte_tokenizer(CHATML + "{{ raise_exception('no') }}"))  # does not raise
