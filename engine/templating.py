@@ -92,13 +92,15 @@ def template_variables(wrapper: Any) -> frozenset[str] | None:
         return None
     source = getattr(wrapper, "chat_template", None)
     if isinstance(source, dict):
-        found = [_variables(s) for s in source.values() if isinstance(s, str)]
+        found = [source_variables(s) for s in source.values() if isinstance(s, str)]
         return None if any(f is None for f in found) else frozenset().union(*[f for f in found if f])
-    return _variables(source) if isinstance(source, str) else None
+    return source_variables(source) if isinstance(source, str) else None
 
 
 @functools.lru_cache(maxsize=8)
-def _variables(source: str) -> frozenset[str] | None:
+def source_variables(source: str) -> frozenset[str] | None:
+    """The undeclared names one template source reads; None when it does not parse. Cached: the
+    server asks it per request, and the load's warm-up and `template_uses_tools` share it."""
     try:
         ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
     except jinja2.TemplateSyntaxError:

@@ -7,8 +7,6 @@ import json
 import logging
 from typing import Any
 
-from jinja2 import Environment, TemplateError, meta
-
 from engine import templating
 from engine.errors import ContextTooLong
 
@@ -153,10 +151,8 @@ def template_uses_tools(template: Any) -> bool:
         return any(template_uses_tools(t) for t in template.values())
     if not isinstance(template, str):
         return False
-    try:
-        return "tools" in meta.find_undeclared_variables(Environment().parse(template))
-    except TemplateError:
-        return "tools" in template
+    variables = templating.source_variables(template)
+    return "tools" in (template if variables is None else variables)
 
 
 def with_tools_described(

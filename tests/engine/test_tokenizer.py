@@ -59,6 +59,21 @@ def test_template_uses_tools_reads_the_template() -> None:
     assert not template_uses_tools(None)
 
 
+def test_template_uses_tools_reads_loop_controls_exactly() -> None:
+    # `{% break %}` parses (as mlx-lm's templates render it): the exact variable set decides, so a
+    # template that only mentions tools in a comment does not take the tools, one that reads them does.
+    breaking = (
+        "{% for m in messages %}{% if loop.index > 8 %}{% break %}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    assert not template_uses_tools(breaking + "{# no tools here #}")
+    assert template_uses_tools(breaking + "{% if tools %}{{ tools | tojson }}{% endif %}")
+
+
+def test_template_uses_tools_falls_back_to_the_text_when_it_does_not_parse() -> None:
+    assert template_uses_tools("{% if tools %}{{ tools | tojson }}")  # unclosed block
+    assert not template_uses_tools("{% if messages %}{{ messages }}")
+
+
 def test_a_template_with_tools_gets_them_as_they_are() -> None:
     wrapper = TemplateWrapper(WITH_TOOLS)
     tok = ChatTokenizer(wrapper)
