@@ -12,13 +12,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from engine.core_parts import IdleWork, LoneRunner, PrefixLookup, Runner, Ticket
+from engine.core_parts import IdleWork, LoneRunner, Ticket
 from engine.errors import EngineFailed
 from engine.request_lifecycle import RequestLifecycle
-from engine.scheduler import Scheduler, SeqState
+from engine.scheduler import SeqState
 from engine.step_records import StepPlan, TokenUpdate
 from engine.types import (
-    Counters,
     Finished,
     FinishReason,
     TokenLogprob,
@@ -27,7 +26,6 @@ from engine.types import (
 
 if TYPE_CHECKING:  # the core itself imports no MLX: the runner holds it
     from engine.admission import MemoryPlan
-    from engine.mlx_boundary import Tokenizer
 
 log = logging.getLogger("mlx_serve.engine")
 
@@ -35,29 +33,20 @@ log = logging.getLogger("mlx_serve.engine")
 class Core(RequestLifecycle):
     """Runs on the MLX owner thread until the inbox yields None."""
 
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        runner: Runner,
-        tokenizer: Tokenizer,
-        counters: Counters,
-        prefix_cache: PrefixLookup | None = None,
-        tool_parser: str | None = None,
-    ) -> None:
-        super().__init__(scheduler, runner, tokenizer, counters, prefix_cache, tool_parser)
-        self.memory_plan: MemoryPlan | None = None  # the admission plan this core was sized by, if any
-        # Work done only while no request is in the engine, one unit per pass of the loop (the
-        # GPU warm-up: engine.warmup), so a request that arrives waits for one unit at most; and
-        # only after `idle_after_s` without a step, so a client's first request right after
-        # start-up, or its next turn, does not find a unit under way.
-        self.idle_work: IdleWork | None = None
-        self.idle_after_s = 1.0
-        self._last_step = time.monotonic()
+    memory_plan: MemoryPlan | None = None  # the admission plan this core was sized by, if any
+    # Work done only while no request is in the engine, one unit per pass of the loop (the GPU
+    # warm-up: engine.warmup), so a request that arrives waits for one unit at most; and only after
+    # `idle_after_s` without a step (or since `serve` began), so a client's first request right
+    # after start-up, or its next turn, does not find a unit under way.
+    idle_work: IdleWork | None = None
+    idle_after_s = 1.0
+    _last_step = 0.0
 
     def serve(
         self, inbox: queue.SimpleQueue[Ticket | None], flush: Callable[[], None] = lambda: None
     ) -> None:
         """Loop until None arrives; `flush` runs after every step (to batch event delivery)."""
+        self._last_step = time.monotonic()
         while True:
             flush()
             block = not self.scheduler.has_work
