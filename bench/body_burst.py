@@ -22,20 +22,11 @@ from pathlib import Path
 import httpx
 import orjson
 
+from bench.load import request_body
+from bench.prompts import build_prompt
+from bench.trace_summary import quantile, read_trace
+
 KINDS = ("httpx", "one write", "two writes")
-
-
-def _body(i: int, max_tokens: int) -> bytes:
-    content = f"Tell me story number {i} about a cat and a boat."
-    return orjson.dumps(
-        {
-            "model": "default_model",
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-        }
-    )
 
 
 def _head(port: int, length: int) -> bytes:
@@ -69,7 +60,10 @@ async def _httpx(client: httpx.AsyncClient, port: int, body: bytes) -> None:
 
 
 async def burst(kind: str, port: int, clients: int, max_tokens: int) -> None:
-    bodies = [_body(i, max_tokens) for i in range(clients)]
+    bodies = [
+        orjson.dumps(request_body(build_prompt(i, None, None), max_tokens, "default_model"))
+        for i in range(clients)
+    ]
     if kind == "httpx":
         limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
         async with httpx.AsyncClient(timeout=600, limits=limits) as client:
@@ -79,8 +73,7 @@ async def burst(kind: str, port: int, clients: int, max_tokens: int) -> None:
 
 
 def body_reads_ms(trace: Path, last: int) -> list[float]:
-    lines = [orjson.loads(line) for line in trace.read_bytes().splitlines() if line.strip()][-last:]
-    return sorted(line["phases_s"]["body_read"] * 1000 for line in lines)
+    return [line["phases_s"]["body_read"] * 1000 for line in read_trace(trace)[-last:]]
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -93,10 +86,8 @@ async def main_async(args: argparse.Namespace) -> None:
             await burst(kind, args.port, n, args.max_tokens)
             await asyncio.sleep(0.5)  # the trace lines are written as each request ends
             ms = body_reads_ms(args.trace, n)
-            p95 = ms[min(n - 1, int(n * 0.95))]
-            print(
-                f"  round {rnd} {kind:10s} body_read p50 {ms[n // 2]:6.2f}  p95 {p95:6.2f}  max {ms[-1]:6.2f} ms"
-            )
+            p50, p95 = quantile(ms, 0.5), quantile(ms, 0.95)
+            print(f"  round {rnd} {kind:10s} body_read p50 {p50:6.2f}  p95 {p95:6.2f}  max {max(ms):6.2f} ms")
 
 
 def main() -> None:

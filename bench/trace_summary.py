@@ -37,6 +37,11 @@ def phases(line: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    """The trace's lines, oldest first."""
+    return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
+
+
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -61,7 +66,7 @@ def main() -> None:
     p.add_argument("trace", type=Path)
     p.add_argument("--last", type=int, default=None, help="only the last N requests")
     args = p.parse_args()
-    lines = [orjson.loads(x) for x in args.trace.read_bytes().splitlines() if x.strip()]
+    lines = read_trace(args.trace)
     print(summarize(lines[-args.last :] if args.last else lines))
 
 
