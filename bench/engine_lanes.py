@@ -1,6 +1,6 @@
 """One stream's decode through each layer of the engine, interleaved round by round in one process:
 direct `stream_generate`, scheduler + runner (bench.lone_stream), and the whole core as the
-server builds it (engine.build.make_core: prefix cache, warm-up, detokenizing, events).
+server builds it (engine.host.assemble.make_core: prefix cache, warm-up, detokenizing, events).
 
     python -m bench.engine_lanes --model DIR [--tokens 256] [--rounds 5]
 
@@ -22,11 +22,11 @@ import mlx.core as mx
 from bench.lone_cache import one_stream_args
 from bench.lone_stream import engine
 from bench.single_stream import MESSAGES, direct
-from engine.build import make_core
-from engine.core import Core
-from engine.core_parts import Ticket
-from engine.loader import ModelSpec, load_model
-from engine.settings import EngineSettings
+from engine.batch.core import Core
+from engine.batch.core_parts import Ticket
+from engine.host.assemble import make_core
+from engine.host.settings import EngineSettings
+from engine.model.loader import ModelSpec, load_model
 from engine.types import Counters, Request, SamplingParams, TextDelta
 
 _ids = itertools.count()
@@ -49,7 +49,7 @@ def whole_core(core: Core, prompt: list[int], n: int) -> float:
 
 def main() -> None:
     args = one_stream_args(__doc__)
-    from engine.backend import prefer_shape_free_attention
+    from engine.model.backend import prefer_shape_free_attention
 
     prefer_shape_free_attention()  # as the server runs
     loaded = load_model(ModelSpec(Path(args.model), "lanes"))

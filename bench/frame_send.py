@@ -2,7 +2,7 @@
 
     python -m bench.frame_send [--sends 2000] [--gap-us 2000]
 
-The engine process sends each step's events as one frame (`engine.frames.FrameWriter`: a pickle
+The engine process sends each step's events as one frame (`engine.host.frames.FrameWriter`: a pickle
 and a `sendall` on a socket pair) to the server's event loop. This times `send` on the engine's
 side with a reader in another process that, like the server, sleeps in `select` until a frame
 arrives: back to back (the reader stays awake) and with `--gap-us` of busy work between sends, as
@@ -21,8 +21,8 @@ import statistics
 import time
 
 from bench.report import percentile
-from engine.frames import FrameReader, FrameWriter
-from engine.process_messages import Events
+from engine.host.frames import FrameReader, FrameWriter
+from engine.host.process_messages import Events
 from engine.types import TextDelta
 
 

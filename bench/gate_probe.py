@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from bench.speculation import edited, load_as_served, prompts, run
-from engine.runner import BatchRunner
+from engine.batch.runner import BatchRunner
 from engine.speculation.rows import Speculation
 from engine.types import Request, SamplingParams
 

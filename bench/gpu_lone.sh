@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the borrowed H200, after .gpu/b/install.sh: one stream on batch caches vs plain caches
-# (bench.lone_cache), then single_stream (direct, in process with and without engine.lone_row, HTTP).
+# (bench.lone_cache), then single_stream (direct, in process with and without engine.rows.lone_row, HTTP).
 #   SHAPES="1b 8b" [ROUNDS=5] [SERVERS=mlx-serve] bash bench/gpu_lone.sh   (outputs under $OUT)
 set -uo pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-}

@@ -19,13 +19,18 @@ from typing import Any
 
 import mlx.core as mx
 
-import engine.runner as runner_module
+import engine.batch.runner as runner_module
 from bench.prompts import PromptBook, load_tokenizer
 from bench.speculation import load_as_served
 from bench.step_profile import run_level
-from engine.build import builds_per_shape
-from engine.mlx_boundary import PromptProcessingBatch, generation_stream, greedy_sampler, make_prompt_cache
-from engine.prefill import prompt_lazily
+from engine.host.assemble import builds_per_shape
+from engine.model.mlx_boundary import (
+    PromptProcessingBatch,
+    generation_stream,
+    greedy_sampler,
+    make_prompt_cache,
+)
+from engine.rows.prefill import prompt_lazily
 
 
 def prefill_alone(model: Any, rows: int, width: int) -> tuple[float, float]:

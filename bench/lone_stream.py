@@ -16,8 +16,8 @@ import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 
-from engine.runner import BatchRunner
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.batch.runner import BatchRunner
+from engine.batch.scheduler import Scheduler, SchedulerConfig
 from engine.types import Request, SamplingParams
 
 

@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.loader import maybe_dequantize
+from engine.model.loader import maybe_dequantize
 
 
 def prefill_s(model: object, length: int) -> float:

@@ -104,7 +104,7 @@ async def wait_healthy(server: RunningServer, timeout_s: float) -> None:
 
 
 async def wait_warmed(server: RunningServer, timeout_s: float) -> float:
-    """Once healthy, wait for mlx-serve's idle warm-up (engine.warmup: the larger bursts, run
+    """Once healthy, wait for mlx-serve's idle warm-up (engine.host.warmup: the larger bursts, run
     while no request is in) to finish, by its log; seconds waited (0.0 when it has none). A
     single-stream bench must: each request would restart the burst under way, so the bursts
     would run on the same GPU through every other context's measurement."""

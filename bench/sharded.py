@@ -102,7 +102,7 @@ def start(mode: str, model: Path, extra: list[str], log_dir: Path, launcher: str
             argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     if mode != "single" and launcher == "env":
-        FOLLOWERS.append(follower)  # it leaves when rank 0 stops (engine.shard.watch); main() waits
+        FOLLOWERS.append(follower)  # it leaves when rank 0 stops (engine.host.shard.watch); main() waits
     spec = ServerSpec(f"{mode}", model, extra, env, REPO_ROOT)
     return RunningServer(spec, argv, proc, f"http://127.0.0.1:{port}", log_path)
 

@@ -104,7 +104,7 @@ async def main(args: argparse.Namespace) -> None:
         local: dict[str, Callable[[], float]] = {
             "direct": lambda: direct(model, tokenizer, prompt, args.tokens),
             "in process": lambda: engine(model, prompt, args.tokens),
-            # the same engine with the lone row kept on mlx-lm's batch caches (engine.lone_row off)
+            # the same engine with the lone row kept on mlx-lm's batch caches (engine.rows.lone_row off)
             "batch cache": lambda: engine(model, prompt, args.tokens, lone_row=False),
         }
         for _ in range(2):  # warm-up: every shape of a run compiles once

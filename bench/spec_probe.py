@@ -6,7 +6,7 @@ import sys
 import time
 
 from bench.speculation import Request, SamplingParams, Speculation, load, prompts, run
-from engine.runner import BatchRunner
+from engine.batch.runner import BatchRunner
 from engine.speculation import draft_model as S
 
 

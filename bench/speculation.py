@@ -30,8 +30,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import load
 
-from engine.runner import BatchRunner
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.batch.runner import BatchRunner
+from engine.batch.scheduler import Scheduler, SchedulerConfig
 from engine.speculation.rows import Speculation
 from engine.types import Request, SamplingParams
 
@@ -81,9 +81,9 @@ class Outcome:
 
 def load_as_served(path: str) -> tuple[Any, Any]:
     """Model and tokenizer as the server runs them: its attention choice on MLX's CUDA backend
-    (engine.backend) and its weight dtype (engine.loader.maybe_dequantize)."""
-    from engine.backend import prefer_shape_free_attention
-    from engine.loader import maybe_dequantize
+    (engine.model.backend) and its weight dtype (engine.model.loader.maybe_dequantize)."""
+    from engine.model.backend import prefer_shape_free_attention
+    from engine.model.loader import maybe_dequantize
 
     prefer_shape_free_attention()
     model, tokenizer = load(path)

@@ -22,8 +22,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, dynamic_roll
 
 from bench.speculation import load_as_served
-from engine.runner import BatchRunner
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.batch.runner import BatchRunner
+from engine.batch.scheduler import Scheduler, SchedulerConfig
 from engine.speculation.cut_cache import cut_rows
 from engine.speculation.drafting import Draft
 from engine.types import Request, SamplingParams

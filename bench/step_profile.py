@@ -23,8 +23,8 @@ from typing import Any
 
 from bench.prompts import PromptBook, load_tokenizer
 from bench.speculation import load_as_served
-from engine.runner import BatchRunner
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.batch.runner import BatchRunner
+from engine.batch.scheduler import Scheduler, SchedulerConfig
 from engine.types import Request, SamplingParams
 
 

@@ -10,7 +10,7 @@ back to back, so a drifting host moves them all alike:
   core here          our whole engine core (scheduler, runner, detokenizer, events) in this process
   direct worker      stream_generate in a second, spawned process (a model of its own)
   core worker        our core in that worker
-  served core        in that worker, the core the server builds (engine.build.make_core), kept
+  served core        in that worker, the core the server builds (engine.host.assemble.make_core), kept
   served core framed the same, each step's events also sent as the engine process sends them
                      (a frame on a socket pair) to a process that, like the server, sleeps in
                      `select` until one arrives: the served engine's cost of waking its reader,
@@ -79,20 +79,20 @@ from bench.speculation import load_as_served
 
 def bare_core(model: Any, tokenizer: Any) -> Any:
     """Scheduler, runner and core with their defaults: no prefix cache, no warm-up."""
-    from engine.core import Core
-    from engine.runner import BatchRunner
-    from engine.scheduler import Scheduler, SchedulerConfig
+    from engine.batch.core import Core
+    from engine.batch.runner import BatchRunner
+    from engine.batch.scheduler import Scheduler, SchedulerConfig
     from engine.types import Counters
 
     return Core(Scheduler(SchedulerConfig(), frozenset()), BatchRunner(model), tokenizer, Counters())
 
 
 def served_core(model: Any, tokenizer: Any, path: str) -> Any:
-    """The core the server's engine builds (engine.build.make_core, default settings: memory
+    """The core the server's engine builds (engine.host.assemble.make_core, default settings: memory
     plan, prefix cache, prefill ladder, warm-up before ready; its idle work is dropped)."""
-    from engine.build import make_core
-    from engine.loader import LoadedModel
-    from engine.settings import EngineSettings
+    from engine.host.assemble import make_core
+    from engine.host.settings import EngineSettings
+    from engine.model.loader import LoadedModel
     from engine.types import Counters
 
     core = make_core(LoadedModel(model, tokenizer, "m", Path(path)), Counters(), EngineSettings())
@@ -114,12 +114,12 @@ def core_stamps(
     every: int = 1,
 ) -> list[Any]:
     """`stamp()` at each text event of one request through `core.serve`; with `send`, each
-    step's events also go out as the engine process's child sends them (engine.process), or
+    step's events also go out as the engine process's child sends them (engine.host.process), or
     every `every`th step's (the steps between then wait in the outbox)."""
     import queue
 
-    from engine.core_parts import Ticket
-    from engine.process_messages import Events
+    from engine.batch.core_parts import Ticket
+    from engine.host.process_messages import Events
     from engine.types import Request, SamplingParams, TextDelta
 
     times: list[Any] = []
@@ -230,7 +230,7 @@ def framed_reader(pin: int | None = None, poll: bool = False) -> Callable[[Any],
     import subprocess
     import sys
 
-    from engine.frames import FrameWriter
+    from engine.host.frames import FrameWriter
 
     ours, theirs = socket.socketpair()
     drain = "drain_polling" if poll else "drain"

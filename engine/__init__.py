@@ -41,7 +41,7 @@ def prompt_thread_switches() -> None:
     Each process has a busy thread and threads that mostly wait: in the engine process the
     owner thread steps the batch while a reader takes requests off the pipe; in the server the
     event loop serves while worker threads parse and template big requests (the engine's events
-    need no thread: the loop reads them, engine.frames). A waking thread gets
+    need no thread: the loop reads them, engine.host.frames). A waking thread gets
     the GIL only when the busy thread drops it — at once when that thread waits on the
     accelerator or the network, else after the switch interval — and receiving one message
     takes it two or three times (length, body, the loop's wake-up), so at 5 ms each message in

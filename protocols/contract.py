@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from engine.errors import ServeError
-from engine.tokenizer import ChatTokenizer
+from engine.model.tokenizer import ChatTokenizer
 from engine.types import Delta, Event, Finished, FinishReason, Request, SamplingParams, TokenLogprob, Usage
 
 Scope = MutableMapping[str, Any]

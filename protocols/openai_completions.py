@@ -13,7 +13,7 @@ import msgspec
 import orjson
 
 from engine.errors import InvalidRequest, ServeError
-from engine.tokenizer import ChatTokenizer
+from engine.model.tokenizer import ChatTokenizer
 from engine.types import Delta, Finished, TextDelta, TokenLogprob
 from protocols import openai_common as common
 from protocols import openai_render as render

@@ -11,8 +11,8 @@ from typing import TypeVar
 
 import orjson
 
-from engine.client import EngineClient, EngineState
 from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
+from engine.host.client import EngineClient, EngineState
 from engine.types import Request, SamplingParams
 from engine.validation import Limits, validate_call
 from protocols import anthropic_messages, openai_chat, openai_completions, openai_responses

@@ -13,8 +13,8 @@ from server.config import Config, load_config
 log = logging.getLogger("mlx_serve")
 
 if TYPE_CHECKING:  # the engine is imported only once the flags are read (fast --help)
-    from engine.client import EngineClient
-    from engine.settings import EngineSettings, ModelSource
+    from engine.host.client import EngineClient
+    from engine.host.settings import EngineSettings, ModelSource
     from protocols.contract import ASGIApp
     from server.app import App
     from server.observe import TraceWriter
@@ -28,15 +28,16 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(service_main(args[1:]))
     config = load_config(args)
-    from engine.build import LOG_FORMAT, prepare_process
+    from engine.host.build import prepare_process
+    from engine.host.settings import LOG_FORMAT
 
     prepare_process(config.blas)
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
     if config.shard is not None:
-        from engine.shard.group import launch_rank
+        from engine.host.shard.group import launch_rank
 
         if launch_rank() not in (None, 0):  # a follower rank: no HTTP, rank 0's steps until the group ends
-            from engine.shard.follower import serve_follower
+            from engine.host.shard.follower import serve_follower
 
             sys.exit(serve_follower(engine_settings(config), model_source(config)))
     try:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def engine_settings(config: Config) -> EngineSettings:
-    from engine.settings import EngineSettings
+    from engine.host.settings import EngineSettings
 
     return EngineSettings(
         max_running=(
@@ -73,7 +74,7 @@ def engine_settings(config: Config) -> EngineSettings:
 
 
 def model_source(config: Config) -> ModelSource:
-    from engine.settings import ModelSource
+    from engine.host.settings import ModelSource
 
     return ModelSource(
         model=config.model,
@@ -88,7 +89,7 @@ def model_source(config: Config) -> ModelSource:
 
 def build_engine(config: Config) -> EngineClient:
     """A child-process engine (the default) or one on a thread of this process."""
-    from engine.build import build
+    from engine.host.build import build
 
     return build(engine_settings(config), model_source(config))
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.build import tool_call_parsers
+from engine.host.build import tool_call_parsers
 
 SECONDS = 1.0
 KIB = 1 << 10
@@ -56,7 +56,7 @@ class Config:
     draft_kind: str | None = None
     speculation_gate: str = "auto"
     kv_bits: int | None = None
-    shard: str | None = None  # "tensor" or "pipeline" across an mlx.launch group (engine.shard)
+    shard: str | None = None  # "tensor" or "pipeline" across an mlx.launch group (engine.host.shard)
     pipeline: bool = False  # mlx_lm.server's flag: the same as shard = "pipeline"
     max_body_bytes: int = 32 * MIB
     body_timeout_s: float = 60 * SECONDS

@@ -8,7 +8,7 @@ engine's step and the calls inside it, and every 50 steps (and whenever one row 
 appends those steps to STEP_TRACE_DIR/steps-<pid>.jsonl (a first line says whether phases are
 synchronized, then one line a step): per step its start, wall time, decoding rows, rows that
 joined, and the wall time of each phase (mlx-lm's batch calls, the prefix cache, MLX's evals).
-A lone row's steps (engine.lone_row: one row decoding without a plan) are not traced. Only the
+A lone row's steps (engine.rows.lone_row: one row decoding without a plan) are not traced. Only the
 new steps are written, so the tracer's own cost per step stays small and constant (it lands in the next step's "gap").
 With STEP_TRACE_SYNC=1 the phases also wait for the accelerator (mx.synchronize) at their end,
 so a phase's time is its accelerator time too: pipelining is lost, the split is what it shows.
@@ -34,10 +34,10 @@ def _install(out_dir: str) -> None:
     import mlx.core as mx
     from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 
-    import engine.core as core_module
-    import engine.prefix_cache as prefix_module
-    import engine.runner as runner_module
-    import engine.scheduler as scheduler_module
+    import engine.batch.core as core_module
+    import engine.batch.prefix_cache as prefix_module
+    import engine.batch.runner as runner_module
+    import engine.batch.scheduler as scheduler_module
 
     sync = os.environ.get("STEP_TRACE_SYNC") == "1"
     phases: dict[str, float] = defaultdict(float)

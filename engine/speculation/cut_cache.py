@@ -11,7 +11,7 @@ next token's position follows its last kept token. One holes array (B, positions
 every layer. When a row's holes pass a bound (1/16 of the length, at least 32), the batch is
 compacted once — one gather per layer moves each row's kept positions right-justified — so
 attention never reads more than a few percent of dead positions (and memory admission charges
-a speculating server for them: engine.admission.plan_memory's draft_tokens).
+a speculating server for them: engine.batch.admission.plan_memory's draft_tokens).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-from engine.admission import SPECULATION_MIN_HOLES as MIN_HOLES_TO_COMPACT  # admission charges for them
-from engine.mlx_boundary import BatchKVCache, KVCache, create_causal_mask
+from engine.model.mlx_boundary import BatchKVCache, KVCache, create_causal_mask
+from engine.speculation import MIN_HOLES_TO_COMPACT  # engine.batch.admission charges for them
 
 
 class CutKVCache(BatchKVCache):

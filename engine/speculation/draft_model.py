@@ -14,7 +14,7 @@ from typing import cast
 
 import mlx.core as mx
 
-from engine.mlx_boundary import BatchKVCache, KVCache, Model, make_prompt_cache
+from engine.model.mlx_boundary import BatchKVCache, KVCache, Model, make_prompt_cache
 from engine.speculation.cut_cache import cut_rows
 
 CATCH_UP = 16  # the widest piece a lagging draft cache catches up by in one forward
@@ -106,5 +106,5 @@ class DraftRows:
 
 
 def _plain_cache(model: Model) -> list[KVCache]:
-    # A draft model speculates only with plain KV caches (engine.build.load_draft checks).
+    # A draft model speculates only with plain KV caches (engine.host.assemble.load_draft checks).
     return cast("list[KVCache]", make_prompt_cache(model))

@@ -3,7 +3,7 @@
 The server's speculation settings (`Speculation`), each row's drafter and draft length
 (`RowSpeculation`, chosen when the row is admitted), the gate that lets a step speculate only at
 batch sizes where that measured faster (`SpeculationGate`, fed one clean step at a time), and the
-draft model's own rows. The batch runner (engine.runner) owns the batch and calls these around
+draft model's own rows. The batch runner (engine.batch.runner) owns the batch and calls these around
 its steps; the verify step itself is engine.speculation.verify.
 """
 
@@ -12,14 +12,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine.memory_probe import weights_bytes
-from engine.mlx_boundary import Model
-from engine.row_guard import RowFaults
+from engine.model.memory_probe import weights_bytes
+from engine.model.mlx_boundary import Model
+from engine.rows.row_guard import RowFaults
+from engine.rows.step_records import StepOutput
 from engine.speculation.draft_model import DraftRows
 from engine.speculation.drafting import PREDICTION_K, Draft, PredictionLookup, PromptLookup, RowSpeculation
 from engine.speculation.gate import TYPICAL_ACCEPTANCE, SpeculationGate, breakeven_acceptance
 from engine.speculation.verify import SpecBatch, can_speculate
-from engine.step_records import StepOutput
 from engine.types import Request
 
 

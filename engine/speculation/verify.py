@@ -23,8 +23,7 @@ from typing import cast
 
 import mlx.core as mx
 
-from engine.lone_row import can_go_plain, to_batched, to_plain
-from engine.mlx_boundary import (
+from engine.model.mlx_boundary import (
     BatchKVCache,
     CacheLayer,
     GenerationBatch,
@@ -33,6 +32,7 @@ from engine.mlx_boundary import (
     greedy_sampler,
     make_prompt_cache,
 )
+from engine.rows.lone_row import can_go_plain, to_batched, to_plain
 from engine.speculation.cut_cache import cut_rows
 from engine.speculation.draft_model import DraftRows
 from engine.speculation.drafting import Draft
@@ -58,7 +58,7 @@ def can_speculate(model: Model) -> bool:
 
 class SpecBatch(GenerationBatch):
     """mlx-lm's generation batch plus a speculative step (see the module note), and a lone row's
-    plain caches (engine.lone_row): every use but a plain step turns them back into batch caches."""
+    plain caches (engine.rows.lone_row): every use but a plain step turns them back into batch caches."""
 
     draft_rows: DraftRows | None = None
     known: dict[int, int]  # uid → its pending token, when a speculative step left it concrete

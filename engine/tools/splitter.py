@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.stops import partial_suffix_len
+from engine.text.stops import partial_suffix_len
 from engine.tools.formats import ToolFormat
 from engine.tools.sink import BodyParser, CallSink, NotACall
 from engine.types import Delta, TextDelta

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine.stops import partial_suffix_len
+from engine.text.stops import partial_suffix_len
 from engine.tools.sink import CallSink, NotACall
 
 FUNCTION, PARAMETER = "<function=", "<parameter="

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine import loader
+from engine.model import loader
 from tests.support.server_proc import ServerProcess
 
 

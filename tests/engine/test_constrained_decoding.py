@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from engine.core import Core
-from engine.core_parts import Ticket
+from engine.batch.core import Core
+from engine.batch.core_parts import Ticket
+from engine.batch.runner import BatchRunner
+from engine.batch.scheduler import Scheduler, SchedulerConfig
 from engine.errors import InvalidRequest, ServeError
-from engine.runner import BatchRunner
-from engine.scheduler import Scheduler, SchedulerConfig
 from engine.types import (
     Counters,
     Event,

@@ -11,8 +11,8 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engine import dequantized
-from engine.loader import is_quantized, load_model, prepare
+from engine.model import dequantized
+from engine.model.loader import is_quantized, load_model, prepare
 
 
 @pytest.fixture

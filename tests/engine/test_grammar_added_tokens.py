@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.grammar import GrammarTokenizer
-from engine.loader import load_tokenizer, prepare
+from engine.model.loader import load_tokenizer, prepare
+from engine.rows.grammar import GrammarTokenizer
 from protocols import structured
 
 pytestmark = pytest.mark.real

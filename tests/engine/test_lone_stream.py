@@ -17,20 +17,20 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from engine.core import Core
-from engine.core_parts import Ticket
+from engine.batch.core import Core
+from engine.batch.core_parts import Ticket
+from engine.batch.runner import BatchRunner
+from engine.batch.scheduler import Scheduler, SchedulerConfig
 from engine.errors import EngineFailed
-from engine.runner import BatchRunner
-from engine.scheduler import Scheduler, SchedulerConfig
 from engine.types import Counters, Event, Finished, FinishReason, Request, SamplingParams, TextDelta
-from tests.engine.test_runner import prompt_ids, reference
+from tests.engine.batch.test_runner import prompt_ids, reference
 
 
 @pytest.fixture(scope="module")
 def smollm(smollm_path: Path) -> tuple[Any, Any]:
     from mlx_lm import load
 
-    from engine.loader import maybe_dequantize
+    from engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path))
     return maybe_dequantize(model), tokenizer

@@ -17,13 +17,13 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from engine.core import Core
-from engine.core_parts import Ticket
+from engine.batch.core import Core
+from engine.batch.core_parts import Ticket
+from engine.batch.runner import BatchRunner
+from engine.batch.scheduler import Scheduler, SchedulerConfig
 from engine.errors import EngineFailed, ServeError
-from engine.mlx_boundary import LogitsProcessor
-from engine.runner import BatchRunner
-from engine.sampling import RowSampler
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.model.mlx_boundary import LogitsProcessor
+from engine.rows.sampling import RowSampler
 from engine.speculation.rows import Speculation
 from engine.types import Counters, Event, Finished, Request, SamplingParams, TextDelta
 
@@ -43,7 +43,7 @@ PHASES = ["admit", "prefill", "decode", "verify", "detokenize", "tools"]
 def smollm(smollm_path: Path) -> tuple[Any, Any]:
     from mlx_lm import load
 
-    from engine.loader import maybe_dequantize
+    from engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path))
     return maybe_dequantize(model), tokenizer

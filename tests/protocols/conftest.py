@@ -27,7 +27,7 @@ class ChatCall:
 
 @dataclass(slots=True)
 class FakeTokenizer:
-    """Duck-types engine.tokenizer.ChatTokenizer: one token per character, calls recorded."""
+    """Duck-types engine.model.tokenizer.ChatTokenizer: one token per character, calls recorded."""
 
     vocab_size: int = VOCAB_SIZE
     template_error: str | None = None

@@ -1,6 +1,6 @@
 """The grammar builders' refusals: each is a 400 naming the field, with llguidance's message.
 
-What the grammars accept is checked over a real tokenizer in tests/engine/test_grammar.py.
+What the grammars accept is checked over a real tokenizer in tests/engine/rows/test_grammar.py.
 """
 
 from __future__ import annotations

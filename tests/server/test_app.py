@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from engine.thread import ThreadEngine
+from engine.host.thread import ThreadEngine
 from server.app import App
 from server.cli import with_cors
 from server.config import Config

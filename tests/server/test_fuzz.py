@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core import Core
+from engine.batch.core import Core
 from server.app import App
 from server.config import Config
 from tests.support.asgi import Reply, call

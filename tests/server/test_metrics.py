@@ -12,9 +12,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.client import EngineState
 from engine.errors import ServeError
-from engine.thread import ThreadEngine
+from engine.host.client import EngineState
+from engine.host.thread import ThreadEngine
 from engine.types import Delta, Finished, Request
 from protocols.contract import Frame, SseComment, SseEvent
 from server.app import App

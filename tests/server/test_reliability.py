@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine.thread import ThreadEngine
+from engine.host.thread import ThreadEngine
 from server.app import App
 from server.config import Config
 from tests.support.asgi import Reply, call, wait_until

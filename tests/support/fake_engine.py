@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.core import Core
-from engine.loader import LoadedModel
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.step_records import StepOutput, StepPlan
-from engine.thread import ThreadEngine
+from engine.batch.core import Core
+from engine.batch.scheduler import Scheduler, SchedulerConfig
+from engine.host.thread import ThreadEngine
+from engine.model.loader import LoadedModel
+from engine.rows.step_records import StepOutput, StepPlan
 from engine.types import Counters, Request
 from tests.support.byte_tokenizer import byte_tokenizer
 

@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from engine.gguf.reader import read_gguf
-from engine.loader import maybe_dequantize, shortcut_gguf
+from engine.model.loader import maybe_dequantize, shortcut_gguf
 from engine.tools.formats import tool_format_for
 from engine.tools.json_calls import JsonCalls
 from tests.engine.gguf.gguf_reference import TRICKY_STRINGS, load_model, reference_tokenizer

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from engine.build import check_draft_tokenizer, load_draft
-from engine.loader import LoadedModel, load_model, prepare
+from engine.host.assemble import check_draft_tokenizer, load_draft
+from engine.model.loader import LoadedModel, load_model, prepare
 from engine.speculation.rows import Speculation
 from engine.types import Request, SamplingParams
+from tests.engine.batch.test_runner import prompt_ids, reference
 from tests.engine.speculation.test_speculation import run_batch
-from tests.engine.test_runner import prompt_ids, reference
 
 pytestmark = pytest.mark.real
 

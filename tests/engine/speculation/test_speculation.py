@@ -19,8 +19,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 
-from engine.runner import BatchRunner
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.batch.runner import BatchRunner
+from engine.batch.scheduler import Scheduler, SchedulerConfig
+from engine.rows.step_records import StepOutput
 from engine.speculation.drafting import (
     PREDICTION_K,
     NgramIndex,
@@ -29,9 +30,8 @@ from engine.speculation.drafting import (
     RowSpeculation,
 )
 from engine.speculation.rows import Speculation
-from engine.step_records import StepOutput
 from engine.types import Request, SamplingParams
-from tests.engine.test_runner import drive, prompt_ids, reference
+from tests.engine.batch.test_runner import drive, prompt_ids, reference
 
 COPY_PROMPTS = [
     "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near the river bank.",
@@ -98,7 +98,7 @@ def test_a_row_whose_drafts_keep_failing_pauses_then_tries_again() -> None:
 
 @pytest.fixture(scope="module")
 def smollm(smollm_path: Path) -> tuple[Any, Any]:
-    from engine.loader import maybe_dequantize
+    from engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path))
     return maybe_dequantize(model), tokenizer

@@ -1,0 +1,163 @@
+"""A request's life in the engine core around its tokens: accepted (its ticket, grammar and
+clock), started (its runner row and text pipeline), aborted, failed or dropped.
+
+Apart from engine.batch.core, which keeps the loop, the steps and token delivery: the per-token path.
+Core is a RequestLifecycle, so it calls these as its own methods, with no indirection.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from engine.batch.core_parts import Clock, PrefixLookup, Runner, Ticket
+from engine.batch.row_text import RowText
+from engine.batch.scheduler import Scheduler
+from engine.errors import EngineFailed, ServeError
+from engine.text.reasoning import reasoning_splitter
+from engine.text.stops import StopMatcher
+from engine.tools.formats import HERMES, tool_format_for
+from engine.tools.splitter import ToolCallSplitter
+from engine.types import Counters, Request
+
+if TYPE_CHECKING:  # no MLX here either: the runner holds it
+    from engine.model.mlx_boundary import CacheLayer, Tokenizer
+    from engine.rows.grammar import Constraint, GrammarTokenizer
+
+log = logging.getLogger("mlx_serve.engine")
+
+
+class RequestLifecycle:
+    """The core's records of each request (tickets, text pipelines, clocks, cached prefixes,
+    grammars) and the steps that add and remove them; engine.batch.core.Core drives them."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: Runner,
+        tokenizer: Tokenizer,
+        counters: Counters,
+        prefix_cache: PrefixLookup | None = None,
+        tool_parser: str | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.counters = counters
+        self.prefix_cache = prefix_cache
+        self.tickets: dict[str, Ticket] = {}
+        self.texts: dict[str, RowText] = {}
+        self.clocks: dict[str, Clock] = {}
+        self.tool_format = tool_format_for(tokenizer, tool_parser)
+        self._prefixes: dict[str, tuple[list[CacheLayer] | None, int]] = {}
+        self._constraints: dict[str, Constraint] = {}  # grammar state of constrained requests, by id
+        self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
+        scheduler.cached_prefix = self._lookup_prefix
+
+    def _lookup_prefix(self, request: Request) -> int:
+        if self.prefix_cache is None:
+            return 0
+        found = self.prefix_cache.lookup(request.prompt_tokens)
+        self._prefixes[request.id] = found
+        return found[1]
+
+    def _accept_guarded(self, ticket: Ticket) -> None:
+        try:
+            self._accept(ticket)
+        except Exception as exc:  # a bug for this request alone: it fails, the loop serves on
+            log.exception("accepting request %s failed", ticket.request.id)
+            self.tickets.pop(ticket.request.id, None)
+            self.scheduler.abort(ticket.request.id)
+            ticket.emit(EngineFailed(f"generation failed: {type(exc).__name__}: {exc}"))
+            self.counters.requests_failed += 1
+
+    def _accept(self, ticket: Ticket) -> None:
+        if ticket.aborted.is_set():
+            self.counters.requests_aborted += 1
+            return
+        try:
+            constraint = self._constraint(ticket.request)
+            self.scheduler.add(ticket.request)
+        except ServeError as exc:
+            ticket.emit(exc)
+            return
+        self.tickets[ticket.request.id] = ticket
+        self.clocks[ticket.request.id] = Clock(time.perf_counter())
+        if constraint is not None:
+            self._constraints[ticket.request.id] = constraint
+
+    def _constraint(self, request: Request) -> Constraint | None:
+        """The request's grammar as a fresh matcher (InvalidRequest if it does not compile)."""
+        if request.grammar is None:
+            return None
+        if self._grammar_tokenizer is None:
+            from engine.rows.grammar import GrammarTokenizer  # llguidance loads only when used
+
+            self._grammar_tokenizer = GrammarTokenizer(self.tokenizer)
+        return self._grammar_tokenizer.constraint(request.grammar)
+
+    def _reap_aborted(self) -> None:
+        for seq_id in [s for s, t in self.tickets.items() if t.aborted.is_set()]:
+            try:
+                self.scheduler.abort(seq_id)
+            except Exception:  # never let one row's bookkeeping take the loop down
+                log.exception("dropping aborted request %s failed", seq_id)
+            self._drop(seq_id)
+            self.counters.requests_aborted += 1
+
+    def _start_guarded(self, seq_id: str, now: float) -> None:
+        try:
+            self._start(seq_id, now)
+        except Exception as exc:
+            log.exception("starting request %s failed (only it is ended)", seq_id)
+            self.texts.pop(seq_id, None)
+            self._fail_row(seq_id, f"{type(exc).__name__}: {exc}")
+
+    def _fail_row(self, seq_id: str, why: str) -> None:
+        """End one request with an error; the batch and every other row carry on."""
+        self.scheduler.abort(seq_id)  # its runner row is released next step (if it is not gone)
+        ticket = self.tickets.get(seq_id)
+        if ticket is not None:
+            ticket.emit(EngineFailed(f"generation failed: {why}"))
+            self.counters.requests_failed += 1
+        self._drop(seq_id)
+
+    def _start(self, seq_id: str, now: float) -> None:
+        if (clock := self.clocks.get(seq_id)) is not None:
+            clock.admitted = now
+        seq = self.scheduler.get(seq_id)
+        assert seq is not None
+        cache, _ = self._prefixes.pop(seq_id, (None, 0))
+        request = seq.request
+        self.runner.admit(request, cache, seq.num_cached, self._constraints.pop(seq_id, None))
+        fmt = HERMES if request.forced_tool_calls else self.tool_format
+        splitter = ToolCallSplitter(fmt, request.tools) if request.tools else None
+        # A grammar shapes the answer from its first token: there is no reasoning to split off.
+        reasoning = None if request.grammar else reasoning_splitter(self.tokenizer, request.prompt_tokens)
+        self.texts[seq_id] = RowText(
+            self.tokenizer.detokenizer, StopMatcher(request.stop), splitter, reasoning
+        )
+        self.counters.requests_started += 1
+        self.counters.prompt_tokens += seq.prompt_len
+        self.counters.prefill_tokens += seq.prompt_len - seq.num_cached
+
+    def _drop(self, seq_id: str) -> None:
+        self.clocks.pop(seq_id, None)
+        self.tickets.pop(seq_id, None)
+        self.texts.pop(seq_id, None)
+        self._constraints.pop(seq_id, None)
+
+    def _fail_all(self, exc: ServeError) -> None:
+        """A fault no row can be blamed for: fail every request the runner held (whether or
+        not its row had started), rebuild the runner; those still waiting keep their place."""
+        sched = self.scheduler
+        held = [s.id for s in (*sched.prefilling, *sched.decoding)]
+        for seq_id in dict.fromkeys([*held, *self.texts]):
+            sched.abort(seq_id)
+            if (ticket := self.tickets.get(seq_id)) is not None:
+                ticket.emit(exc)
+                self.counters.requests_failed += 1
+            self._drop(seq_id)
+        sched.take_releases()  # the runner is rebuilt below, rows and all
+        self.runner.reset()

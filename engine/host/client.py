@@ -1,0 +1,220 @@
+"""The engine as the server sees it: one interface, whichever host runs the model.
+
+`EngineClient` is what server/ may use of the engine: `start`/`stop`, `state`/`ready`/
+`wait_ready`, `submit(requests) -> RequestStream` (admission refuses before any byte: a typed
+error), `stats()`, and `model` (the facts the protocols need: id, chat tokenizer, context).
+Two hosts implement it: `engine.host.thread.ThreadEngine` (the model on a thread of this process)
+and `engine.host.process.ProcessEngine` (the model in a restartable child process). `engine.host.build`
+makes one from settings; the server never imports anything else of the engine but its types.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+from engine.batch.admission import MemoryPlan, admit
+from engine.batch.core_parts import Ticket
+from engine.errors import EngineUnavailable, QueueFull, ServeError
+from engine.model.tokenizer import ChatTokenizer
+from engine.types import Event, Finished, Request
+
+CANCELLED = object()
+
+
+class EngineState(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class Gate:
+    """Loop-side admission, decided before any response starts: the memory fit of each request
+    (max_tokens clamped to the context, or ContextTooLong) and the bound on calls in flight
+    (running plus waiting: QueueFull, answered 429 with Retry-After)."""
+
+    def __init__(self, capacity: int, waiting: int | None = None) -> None:
+        self.capacity = capacity
+        self.waiting = waiting  # the queue's bound; None: `capacity` is fixed
+        self.inflight = 0
+        self.plan: MemoryPlan | None = None
+
+    def size(self, plan: MemoryPlan | None) -> None:
+        """Take the engine's plan: admission by its context, capacity = its rows + the queue."""
+        self.plan = plan
+        if plan is not None and self.waiting is not None:
+            self.capacity = plan.max_running + self.waiting
+
+    def admit(self, requests: Sequence[Request]) -> tuple[list[Request], list[str]]:
+        out, warnings = list(requests), []
+        if self.plan is not None:
+            decisions = [admit(self.plan, len(r.prompt_tokens), r.max_tokens) for r in out]
+            out = [replace(r, max_tokens=d.max_tokens) for r, d in zip(out, decisions)]
+            warnings = sorted({d.warning for d in decisions if d.warning})
+        if self.inflight + len(out) > self.capacity:
+            raise QueueFull(
+                f"the server is at capacity ({self.capacity} requests running or waiting); retry shortly",
+                retry_after_s=1,
+            )
+        self.inflight += len(out)
+        return out, warnings
+
+    def release(self, n: int) -> None:
+        self.inflight -= n
+
+
+class RequestStream:
+    """The consumer's end of one API call: its n choices' events, tagged with the choice index.
+
+    `await next()` gives `(index, event)` until every choice has finished, then None; it
+    raises the engine's error for the call. `cancel()` stops every choice at the next step.
+    """
+
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        on_cancel: Callable[[str], None] | None = None,
+        on_close: Callable[[], None] | None = None,
+        warnings: Sequence[str] = (),
+    ) -> None:
+        self._events: asyncio.Queue[tuple[int, Event | ServeError] | object] = asyncio.Queue()
+        # a ticket's emit delivers on the loop's own thread (an engine host brings events there)
+        self.tickets = [Ticket(r, partial(self.push, r.id)) for r in requests]
+        self.index_of = {r.id: i for i, r in enumerate(requests)}
+        self._open = set(range(len(requests)))
+        self._on_cancel = on_cancel
+        self._on_close = on_close
+        self.warnings = list(warnings)
+        self.done = False
+
+    @property
+    def request(self) -> Request:
+        return self.tickets[0].request
+
+    def push(self, request_id: str, ev: Event | ServeError) -> None:
+        """Deliver an event from the loop's own thread."""
+        i = self.index_of[request_id]
+        self._events.put_nowait((i, ev))
+        if isinstance(ev, (Finished, ServeError)):
+            self.tickets[i].aborted.set()  # nothing more will come: a later cancel sends nothing
+
+    def pending(self) -> int:
+        return 0 if self.done else self._events.qsize()
+
+    async def next(self) -> tuple[int, Event] | None:
+        if self.done:
+            return None
+        item: Any = await self._events.get()
+        if item is CANCELLED:
+            self._end()
+            return None
+        i, ev = item
+        if isinstance(ev, ServeError):
+            self._end()
+            self.cancel_open()
+            raise ev
+        if isinstance(ev, Finished):
+            self._open.discard(i)
+            if not self._open:
+                self._end()
+        return i, ev
+
+    def _end(self) -> None:
+        if not self.done:
+            self.done = True
+            if self._on_close is not None:
+                self._on_close()
+
+    def cancel(self) -> None:
+        """The client left: stop generation at the next step and wake the consumer."""
+        if not self.done:
+            self._events.put_nowait(CANCELLED)
+            self._end()
+        self.cancel_open()
+
+    def cancel_open(self) -> None:
+        for i in self._open:
+            ticket = self.tickets[i]
+            if not ticket.aborted.is_set():
+                ticket.aborted.set()
+                if self._on_cancel is not None:
+                    self._on_cancel(ticket.request.id)
+        self._open.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the server and the protocols may know of the loaded model."""
+
+    model_id: str
+    tokenizer: ChatTokenizer
+    context_length: int | None = None  # the longest context a request may use (memory plan)
+
+
+class EngineClient(abc.ABC):
+    """The server's one handle on the engine (see the module docstring)."""
+
+    def __init__(self, capacity: int, waiting: int | None = None) -> None:
+        self.gate = Gate(capacity, waiting)
+        self.state = EngineState.LOADING
+        self.error: str | None = None
+        self.model: ModelInfo | None = None
+        self.on_fatal: Callable[[str], None] | None = None
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Begin loading (off the event loop); /health is 503 until `ready`."""
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    @abc.abstractmethod
+    async def stats(self) -> dict[str, Any]:
+        """The engine's counters, read now."""
+
+    @abc.abstractmethod
+    def _deliver(self, stream: RequestStream) -> None:
+        """Hand an admitted call's tickets to the model's owner."""
+
+    def _abort(self, request_id: str) -> None:
+        """Tell the model's owner a request was cancelled (a thread host sees the ticket itself)."""
+
+    def _accepting(self) -> bool:
+        return self.ready
+
+    @property
+    def ready(self) -> bool:
+        return self.state is EngineState.READY
+
+    async def wait_ready(self, poll_s: float = 0.05) -> None:
+        while self.state is EngineState.LOADING:
+            await asyncio.sleep(poll_s)
+        if self.state is not EngineState.READY:
+            raise EngineUnavailable(f"engine is {self.state.value}: {self.error}")
+
+    def submit(self, requests: Sequence[Request]) -> RequestStream:
+        """Admit a call's requests (one per choice) and start them; refusals raise here."""
+        if not self._accepting():
+            raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
+        admitted, warnings = self.gate.admit(requests)
+        stream = RequestStream(
+            admitted,
+            on_cancel=self._abort,
+            on_close=lambda: self.gate.release(len(admitted)),
+            warnings=warnings,
+        )
+        self._deliver(stream)
+        return stream
+
+    def _loaded(self, model_id: str, tokenizer: Any, plan: MemoryPlan | None, span: int) -> None:
+        """Record what was loaded: the facts for the protocols and the plan for admission.
+        `span` is tokenizer.spelling_span(tokenizer), read where the tokenizer was loaded."""
+        self.gate.size(plan)
+        context = plan.context_limit if plan is not None else None
+        self.model = ModelInfo(model_id, ChatTokenizer(tokenizer, context, span), context)

@@ -1,0 +1,300 @@
+"""The engine in a child process: an MLX crash or out-of-memory kills only the child.
+
+The parent keeps the tokenizer (protocols need it) and talks to the child over a pipe with
+small pickled messages; the child batches every event of a step into one message. When the
+child dies, in-flight requests fail with an error in their own format, /health turns 503, and
+a new child is started and serves the next request.
+
+How the loop reads the child's frames (woken, or on a tick while they come fast): engine.host.frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing as mp
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import EngineFailed, ServeError
+from engine.host.client import EngineClient, EngineState, RequestStream
+from engine.host.frames import POLL_GAP_S, POLL_S, FrameReader
+from engine.host.process_child import serve_child
+from engine.host.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
+from engine.model.tokenizer import spelling_span, warm_prompt_path
+from engine.types import Finished
+
+log = logging.getLogger("mlx_serve.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class ChildPlan:
+    """How to start the engine process: the child builds its core with `build(counters, *args)`
+    while this process loads the tokenizer the protocols need (the two overlap at start-up)."""
+
+    model_id: str
+    build: Callable[..., Any]
+    build_args: tuple[Any, ...]
+    load_tokenizer: Callable[[], Any]
+
+
+@dataclass(slots=True)
+class _Child:
+    process: Any
+    conn: Any  # requests go out with conn.send; the child's messages come in through `reader`
+    pid: int = 0
+    streams: dict[str, RequestStream] = field(default_factory=dict)
+    reader: FrameReader | None = None
+    polling: asyncio.TimerHandle | None = None  # the next read on the tick; None: the loop watches the socket
+    last_frame: float = -1.0  # loop time of the last read that found a message
+
+
+class ProcessEngine(EngineClient):
+    """The model in a restartable child process; the tokenizer stays here for the protocols."""
+
+    def __init__(
+        self,
+        prepare: Callable[[], ChildPlan],
+        capacity: int = 1 << 30,
+        waiting: int | None = None,
+        restartable: bool = True,  # False: a rank of a sharded group (engine.host.shard), which restarts whole
+    ) -> None:
+        super().__init__(capacity, waiting)
+        self._prepare = prepare
+        self.restartable = restartable
+        self._plan: ChildPlan | None = None
+        self._tokenizer: Any = None
+        self._span = 0
+        self._ready_info: dict[str, Any] | None = None  # the child is up; the tokenizer may not be
+        self.restarts = 0
+        self.info: dict[str, Any] = {}
+        self._child: _Child | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._nonces = itertools.count()
+        self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._stopping = False
+
+    @property
+    def pid(self) -> int:
+        return self._child.pid if self._child else 0
+
+    def start(self) -> None:
+        """Find/convert the model off the loop, spawn the child, and load the tokenizer here
+        while the child loads the weights."""
+        self._loop = asyncio.get_running_loop()
+        threading.Thread(target=self._prepare_then_spawn, name="engine-prepare", daemon=True).start()
+
+    def _prepare_then_spawn(self) -> None:
+        try:
+            self._plan = self._prepare()
+            self._hand_over(self._spawn)
+            tokenizer = self._plan.load_tokenizer()
+            span = spelling_span(tokenizer)  # here, off the event loop
+            warm_prompt_path(tokenizer)
+        except Exception as exc:
+            log.debug("model preparation failed", exc_info=True)
+            self._hand_over(self._load_failed, f"cannot load the model: {type(exc).__name__}: {exc}")
+            return
+        self._hand_over(self._tokenizer_loaded, tokenizer, span)
+
+    def _tokenizer_loaded(self, tokenizer: Any, span: int) -> None:
+        self._tokenizer, self._span = tokenizer, span
+        self._maybe_ready()
+
+    def _maybe_ready(self) -> None:
+        if self._tokenizer is None or self._ready_info is None or self.state is EngineState.FAILED:
+            return
+        assert self._plan is not None
+        self._loaded(self._plan.model_id, self._tokenizer, self._ready_info.get("memory_plan"), self._span)
+        self.state, self.error = EngineState.READY, None
+
+    def _load_failed(self, error: str) -> None:
+        """Nothing to serve: a restart cannot fix a model that does not load or fit."""
+        self.state, self.error = EngineState.FAILED, error
+        if self.on_fatal is not None:
+            self.on_fatal(error)  # the server says it once, and exits
+        else:
+            log.error("%s", error)
+
+    def _spawn(self) -> None:
+        plan = self._plan
+        if plan is None or self._stopping:
+            return
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(
+            target=serve_child,
+            args=(child, plan.build, plan.build_args, logging.getLogger().getEffectiveLevel()),
+            name="mlx-serve-engine",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        self._child = _Child(proc, parent, reader=FrameReader(parent.fileno()))
+        assert self._loop is not None and self._child.reader is not None
+        self._loop.add_reader(self._child.reader.fileno(), self._readable, self._child)
+
+    def stop(self) -> None:
+        self._stopping = True
+        child, self._child = self._child, None
+        self.state = EngineState.STOPPED
+        if child is not None:
+            self._stop_reading(child)
+            child.process.terminate()
+            child.process.join(5)
+            self._on_death(child, child.process.exitcode)  # any stream still open gets its error
+
+    def _accepting(self) -> bool:
+        return self.ready and self._child is not None
+
+    def _deliver(self, stream: RequestStream) -> None:
+        child = self._child
+        assert child is not None
+        for ticket in stream.tickets:
+            child.streams[ticket.request.id] = stream
+            self._send(child, Submit(ticket.request))
+
+    def _abort(self, request_id: str) -> None:
+        if self._child is not None:
+            self._send(self._child, Abort(request_id))
+
+    async def stats(self) -> dict[str, Any]:
+        """The child's counters, asked for now (so they are never stale)."""
+        child = self._child
+        base = {"restarts": self.restarts, "engine_pid": self.pid}
+        if child is None or not self.ready:
+            return base
+        nonce = next(self._nonces)
+        waiter = asyncio.get_running_loop().create_future()
+        self._stats_waiters[nonce] = waiter
+        self._send(child, StatsQuery(nonce))
+        try:
+            return {**base, **await asyncio.wait_for(waiter, 5)}
+        finally:
+            self._stats_waiters.pop(nonce, None)
+
+    def _send(self, child: _Child, message: Any) -> None:
+        try:
+            child.conn.send(message)
+        except (OSError, ValueError):
+            pass  # the loop reads the end of the pipe (_readable) and fails the requests
+
+    # -- the child's messages, read on the loop (engine.host.frames) ------------------------
+
+    def _readable(self, child: _Child) -> None:  # the socket is watched unless frames come fast
+        if not self._read(child) or child.reader is None or self._loop is None:
+            return
+        now = self._loop.time()
+        fast, child.last_frame = now - child.last_frame < POLL_GAP_S, now
+        if fast and child.streams:  # read on the tick from now on: a send then wakes no one
+            self._loop.remove_reader(child.reader.fileno())
+            child.polling = self._loop.call_later(POLL_S, self._poll, child)
+
+    def _poll(self, child: _Child) -> None:
+        child.polling = None
+        assert self._loop is not None  # started; _stop_reading cancels the tick with the reader
+        got, now = self._read(child), self._loop.time()
+        if child.reader is None:  # gone while reading
+            return
+        if got:
+            child.last_frame = now
+        if child.streams and now - child.last_frame < POLL_GAP_S:
+            child.polling = self._loop.call_later(POLL_S, self._poll, child)
+        else:  # level-triggered: a frame that arrived since this read wakes the loop at once
+            self._loop.add_reader(child.reader.fileno(), self._readable, child)
+
+    def _read(self, child: _Child) -> int:
+        """Handle every message that has arrived; how many there were."""
+        reader = child.reader
+        if reader is None:
+            return 0
+        try:
+            messages = reader.read()
+        except Exception:  # a frame that does not decode: nothing after it can be trusted
+            log.exception("unreadable message from engine process %s; killing it", child.pid)
+            child.process.kill()  # then as if it died: its requests fail and a new child starts
+            self._gone(child)
+            return 0
+        for message in messages:
+            try:
+                self._on_message(child, message)
+            except Exception:  # one message's handling failing leaves the others theirs
+                log.exception("handling a message from the engine process failed")
+        if reader.closed:
+            self._gone(child)
+        return len(messages)
+
+    def _gone(self, child: _Child) -> None:
+        """The child's end is closed: stop reading it and wait for its exit code off the loop."""
+        self._stop_reading(child)
+        threading.Thread(target=self._reap, args=(child,), name="engine-reap", daemon=True).start()
+
+    def _stop_reading(self, child: _Child) -> None:
+        reader, child.reader = child.reader, None
+        if child.polling is not None:
+            child.polling.cancel()
+            child.polling = None
+        if reader is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(reader.fileno())  # False (nothing done) while it was polled
+        reader.close()
+
+    def _reap(self, child: _Child) -> None:
+        child.process.join(5)
+        self._hand_over(self._on_death, child, child.process.exitcode)
+
+    def _hand_over(self, handler: Callable[..., None], *args: Any) -> bool:
+        """Run `handler` on the loop; False once the loop has closed (the server has stopped)."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(handler, *args)
+        except RuntimeError:  # the event loop is closed
+            return False
+        return True
+
+    def _on_message(self, child: _Child, message: Any) -> None:
+        if isinstance(message, Events):
+            for request_id, ev in message.items:
+                stream = child.streams.get(request_id)
+                if stream is not None:
+                    stream.push(request_id, ev)
+                    if isinstance(ev, (Finished, ServeError)):
+                        child.streams.pop(request_id, None)
+        elif isinstance(message, Stats):
+            waiter = self._stats_waiters.get(message.nonce)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message.counters)
+        elif isinstance(message, Ready):
+            child.pid, self.info, self._ready_info = message.pid, message.info, message.info
+            self._maybe_ready()
+        elif isinstance(message, LoadFailed):
+            self._load_failed(message.error)
+
+    def _on_death(self, child: _Child, exitcode: int | None) -> None:
+        message = f"the engine process died (exit code {exitcode}); it is restarting"
+        if not self.restartable:  # one rank of a group cannot rejoin it: the group restarts whole
+            from engine.host.shard import group_lost_message
+
+            shard = self.info.get("shard") or {}
+            message = group_lost_message(exitcode, shard.get("mode", ""), shard.get("size", 0))
+        for request_id, stream in child.streams.items():
+            stream.push(request_id, EngineFailed(message))
+        child.streams.clear()
+        if self._stopping or child is not self._child or self.state is EngineState.FAILED:
+            return
+        if not self.restartable:
+            from engine.host.shard import GROUP_LOST_GRACE_S
+
+            log.error("%s", message)
+            self.state, self.error = EngineState.FAILED, message
+            if self.on_fatal is not None and self._loop is not None:  # /health says 503 a while, then exit
+                self._loop.call_later(GROUP_LOST_GRACE_S, self.on_fatal, message)
+            return
+        log.error("engine process %s died with exit code %s; restarting", child.pid, exitcode)
+        self.restarts += 1
+        self.state, self.error = EngineState.LOADING, f"engine process died (exit code {exitcode})"
+        self._spawn()

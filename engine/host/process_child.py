@@ -1,0 +1,85 @@
+"""The child side of the engine process: build the core, then serve the pipe until EOF.
+
+Apart from engine.host.process (the server's side) because none of it runs in the server: the
+spawned child's entry point (serve_child) and its thread that reads the server's messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import asdict
+from typing import Any
+
+from engine.batch.core_parts import Ticket
+from engine.errors import ServeError
+from engine.host.frames import FrameWriter
+from engine.host.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
+from engine.host.settings import LOG_FORMAT
+from engine.types import Counters, Event, Finished
+
+
+def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...], log_level: int = logging.INFO) -> None:
+    """Entry point of the engine process: build the core, then serve the pipe until EOF."""
+    logging.basicConfig(level=log_level, format=LOG_FORMAT)
+    counters = Counters()
+    try:
+        core, info = build(counters, *build_args)
+    except Exception as exc:
+        logging.getLogger("mlx_serve.engine").debug("load failed", exc_info=True)
+        FrameWriter(conn.fileno()).send(LoadFailed(f"cannot load the model: {type(exc).__name__}: {exc}"))
+        return
+    inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
+    outbox: list[tuple[str, Event | ServeError]] = []
+    tickets: dict[str, Ticket] = {}
+    send = FrameWriter(conn.fileno()).send
+
+    def flush() -> None:
+        if outbox:
+            items = outbox[:]
+            del outbox[:]
+            send(Events(items))
+
+    def emitter(rid: str) -> Any:
+        def emit(ev: Event | ServeError) -> None:
+            outbox.append((rid, ev))
+            if isinstance(ev, (Finished, ServeError)):
+                tickets.pop(rid, None)
+
+        return emit
+
+    threading.Thread(
+        target=_child_reader, args=(conn, inbox, tickets, emitter, send, counters), daemon=True
+    ).start()
+    import os
+
+    send(Ready(os.getpid(), info))
+    core.serve(inbox, flush)
+
+
+def _child_reader(
+    conn: Any,
+    inbox: queue.SimpleQueue[Ticket | None],
+    tickets: dict[str, Ticket],
+    emitter: Any,
+    send: Any,
+    counters: Counters,
+) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            inbox.put(None)
+            return
+        if isinstance(message, Submit):
+            rid = message.request.id
+            tickets[rid] = Ticket(message.request, emitter(rid))
+            inbox.put(tickets[rid])
+        elif isinstance(message, Abort):
+            ticket = tickets.pop(message.request_id, None)
+            if ticket is not None:
+                ticket.aborted.set()
+        elif isinstance(message, StatsQuery):
+            send(Stats(message.nonce, {**asdict(counters), "at": time.time()}))

@@ -1,0 +1,117 @@
+"""The engine on a thread of the server's process (`--engine thread`).
+
+All MLX work happens on one owner thread (engine.batch.core.Core); the event loop only moves
+events. A step's events for every request wait in one outbox and cross back together, after the
+step, with a single `call_soon_threadsafe` (one wake-up of the loop a step, not one an event),
+into each request's asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import asdict
+from functools import partial
+from typing import Any
+
+from engine.batch.core import Core
+from engine.batch.core_parts import Ticket
+from engine.errors import ServeError
+from engine.host.client import EngineClient, EngineState, RequestStream
+from engine.model.loader import LoadedModel
+from engine.model.tokenizer import spelling_span, warm_prompt_path
+from engine.types import Counters, Event
+
+log = logging.getLogger("mlx_serve.engine")
+
+Emit = Callable[[Event | ServeError], None]  # one request's RequestStream.push
+Held = list[tuple[Emit, Event | ServeError]]  # a step's events, held until its flush
+
+
+class ThreadEngine(EngineClient):
+    """Owns the model and the MLX thread. Loading happens on that thread after `start()`."""
+
+    def __init__(
+        self,
+        loader: Callable[[], LoadedModel],
+        make_core: Callable[[LoadedModel, Counters], Core],
+        capacity: int = 1 << 30,
+        waiting: int | None = None,
+    ) -> None:
+        super().__init__(capacity, waiting)
+        self._loader = loader
+        self._make_core = make_core
+        self._inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: Held = []
+        self.counters = Counters()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.state = EngineState.STOPPED
+
+    async def stats(self) -> dict[str, Any]:
+        return {"restarts": 0, **asdict(self.counters)}
+
+    def _deliver(self, stream: RequestStream) -> None:
+        self._loop = asyncio.get_running_loop()
+        for ticket in stream.tickets:  # the same request and abort flag; events go to the outbox
+            self._inbox.put(Ticket(ticket.request, partial(_hold, self._outbox, ticket.emit), ticket.aborted))
+
+    def _flush(self) -> None:
+        """On the owner thread, after each step: hand the step's events to the loop at once."""
+        if self._outbox and self._loop is not None:
+            items = self._outbox[:]
+            del self._outbox[:]
+            try:
+                self._loop.call_soon_threadsafe(_push_all, items)
+            except RuntimeError:  # the loop has closed (shutdown): nobody is left to read them
+                pass
+
+    def _main(self) -> None:
+        try:
+            loaded = self._loader()
+            core = self._make_core(loaded, self.counters)
+            plan, span = getattr(core, "memory_plan", None), spelling_span(loaded.tokenizer)
+            warm_prompt_path(loaded.tokenizer)
+            self._loaded(loaded.model_id, loaded.tokenizer, plan, span)
+        except Exception as exc:
+            log.debug("model failed to load", exc_info=True)
+            self.error, self.state = f"cannot load the model: {type(exc).__name__}: {exc}", EngineState.FAILED
+            if self.on_fatal is not None:
+                self.on_fatal(self.error)  # the server says it once, and exits
+            else:
+                log.error("%s", self.error)
+            return
+        self.state = EngineState.READY
+        try:
+            core.serve(self._inbox, self._flush)
+        except BaseException as exc:  # the loop itself broke: say so on /health
+            log.exception("engine loop died")
+            self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED
+        finally:
+            self._flush()  # what the last step emitted
+
+
+def _hold(
+    outbox: Held,
+    emit: Emit,
+    ev: Event | ServeError,
+) -> None:
+    """On the owner thread: keep an event until the step's flush (the owner thread alone appends)."""
+    outbox.append((emit, ev))
+
+
+def _push_all(items: Held) -> None:
+    for emit, ev in items:  # on the loop: each request's own emit (RequestStream.push)
+        emit(ev)
