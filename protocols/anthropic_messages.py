@@ -91,7 +91,7 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> MessagesJob:
     """Decode, validate and render one Messages request; ServeError 400 on any fault."""
     req = common.decode(MESSAGES_DECODER, body)
     prompt = render(req, ctx)
-    grammar, forced = _grammar(req, prompt.tools)
+    constraint = _grammar(req, prompt.tools)
     request = Request(
         id=conv.new_id(ID_PREFIX),
         prompt_tokens=tuple(prompt.ids),
@@ -99,15 +99,15 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> MessagesJob:
         max_tokens=req.max_tokens,
         stop=tuple(req.stop_sequences or ()),
         tools=prompt.tools,
-        grammar=grammar,
-        forced_tool_calls=forced,
+        grammar=constraint.grammar,
+        forced_tool_calls=constraint.forced,
     )
     edits = None if prompt.applied_edits is None else tuple(prompt.applied_edits)
     return MessagesJob(
         request,
         stream=bool(req.stream),
         model=req.model,
-        warnings=prompt.warnings,
+        warnings=prompt.warnings + constraint.warnings,
         show_thinking=_display(req.thinking) != "omitted",
         applied_edits=edits,
     )
@@ -209,9 +209,8 @@ def _template_tool(tool: Tool, i: int) -> dict[str, Any]:
     return conv.function_tool(tool.name, description, tool.input_schema)
 
 
-def _grammar(req: PromptBody, tools: tuple[dict[str, Any], ...] | None) -> tuple[str | None, bool]:
-    """The grammar the answer follows (a forced tool choice or the output format), and whether
-    it forces tool calls."""
+def _grammar(req: PromptBody, tools: tuple[dict[str, Any], ...] | None) -> structured.Constraint:
+    """The grammar the answer follows (a forced tool choice, else the output format)."""
     choice = req.tool_choice
     name = choice.name if isinstance(choice, ToolChoiceTool) else None
     # `any` may make several calls unless told not to; a named tool makes one.

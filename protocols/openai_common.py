@@ -320,7 +320,7 @@ def build_job(
 ) -> Job:
     """The engine request plus the client's delivery choices; `forced_calls` is the grammar
     of a tool_choice that forces calls."""
-    grammar, forced = structured.pick(forced_calls, output_grammar(fields), "response_format")
+    constraint = structured.pick(forced_calls, output_grammar(fields), "response_format")
     request = Request(
         id=f"{id_prefix}-{uuid.uuid4().hex}",
         prompt_tokens=tuple(prompt_tokens),
@@ -331,8 +331,8 @@ def build_job(
         logprobs=logprobs,
         num_draft_tokens=fields.num_draft_tokens,
         prediction=prediction_tokens(fields.prediction, ctx),
-        grammar=grammar,
-        forced_tool_calls=forced,
+        grammar=constraint.grammar,
+        forced_tool_calls=constraint.forced,
     )
     return Job(
         request,
@@ -340,5 +340,5 @@ def build_job(
         include_usage=include_usage(fields),
         model=fields.model or ctx.model_id,
         n=fields.n or 1,
-        warnings=warnings,
+        warnings=warnings + constraint.warnings,
     )

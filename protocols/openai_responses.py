@@ -173,9 +173,8 @@ def _chosen(tools: Toolset, raw: Any, param: str) -> str:
     return name
 
 
-def _grammar(req: ResponsesBody, template: list[dict[str, Any]], choice: Choice) -> tuple[str | None, bool]:
-    """The grammar the answer follows (text.format or a tool choice that constrains calls), and
-    whether it writes calls in hermes markup."""
+def _grammar(req: ResponsesBody, template: list[dict[str, Any]], choice: Choice) -> structured.Constraint:
+    """The grammar the answer follows (a tool choice that constrains calls, else text.format)."""
     parallel = req.parallel_tool_calls is not False
     allowed = [t for t in template if t["function"]["name"] in (choice.allowed or ())]
     if choice.allowed is not None and choice.mode == "auto":
@@ -269,7 +268,7 @@ class OpenAIResponses:
         template = tools.template if choice.mode != "none" else []
         messages = template_messages(req.instructions, history + new_input, tools.model_name, len(history))
         kwargs = conv.thinking_kwargs(_thinking(req.reasoning))
-        grammar, forced = _grammar(req, template, choice)
+        constraint = _grammar(req, template, choice)
         ids = conv.render_prompt(ctx, messages, template or None, kwargs, "input")
         request = Request(
             id=conv.new_id(ID_PREFIX),
@@ -277,14 +276,14 @@ class OpenAIResponses:
             sampling=_sampling(ctx, req),
             max_tokens=req.max_output_tokens or ctx.room_after(len(ids)),
             tools=tuple(template) or None,
-            grammar=grammar,
-            forced_tool_calls=forced,
+            grammar=constraint.grammar,
+            forced_tool_calls=constraint.forced,
         )
         return ResponsesJob(
             request,
             stream=bool(req.stream),
             model=req.model or ctx.model_id,
-            warnings=(*tools.warnings, *conv.tool_support_warnings(ctx, template)),
+            warnings=(*tools.warnings, *conv.tool_support_warnings(ctx, template), *constraint.warnings),
             echo=_echo(req, request, tools),
             history=history,
             new_input=new_input,

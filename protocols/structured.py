@@ -17,12 +17,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llguidance import LLMatcher, grammar_from
 
 from engine.errors import InvalidRequest
 from engine.tools.formats import HERMES
+from protocols.conversation import warning
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -129,14 +131,29 @@ def _calls_grammar(functions: list[dict[str, Any]], start: str, text: bool = Fal
     return checked(LLMatcher.grammar_from_lark(lark), "tools", "tool parameters schema")
 
 
-def pick(calls: str | None, output: str | None, param: str) -> tuple[str | None, bool]:
-    """The one grammar a request follows, and whether it is one that forces tool calls."""
-    if calls is not None and output is not None:
-        raise InvalidRequest(
-            "a `tool_choice` that forces a tool call cannot be combined with a structured output format",
-            param=param,
-        )
-    return (calls, True) if calls is not None else (output, False)
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """The one grammar a request follows, whether it forces tool calls, and the notes owed to
+    the client about what did not apply."""
+
+    grammar: str | None = None
+    forced: bool = False
+    warnings: tuple[str, ...] = ()
+
+
+def pick(calls: str | None, output: str | None, param: str) -> Constraint:
+    """A tool choice that constrains calls wins over an output format, as OpenAI does: a forced
+    call's arguments follow its tool's schema (instructor's tools modes send both); the format
+    is left out with a `Warning` naming it."""
+    if calls is None:
+        return Constraint(output)
+    if output is None:
+        return Constraint(calls, True)
+    note = warning(
+        f"`{param}` did not apply: `tool_choice` constrains the answer to tool calls, whose "
+        "arguments follow each tool's parameters schema"
+    )
+    return Constraint(calls, True, (note,))
 
 
 def _call_rule(i: int, function: dict[str, Any]) -> str:

@@ -239,6 +239,16 @@ def test_parse_forced_tool_choice_is_a_tool_call_grammar(
     assert request.grammar == structured.forced_calls(request.tools, name, required, parallel)
 
 
+def test_parse_forced_tool_choice_with_output_format_follows_the_tool_with_a_warning(
+    ctx: ProtocolContext,
+) -> None:
+    output = {"format": {"type": "json_schema", "schema": SCHEMA}}
+    job = parse(ctx, messages=[USER], tools=[WEATHER], tool_choice={"type": "any"}, output_config=output)
+    assert job.request.forced_tool_calls and job.request.tools is not None
+    assert job.request.grammar == structured.forced_calls(job.request.tools, None, True, True)
+    assert [w for w in job.warnings if "`output_config.format` did not apply" in w]
+
+
 @pytest.mark.parametrize("field", ["output_config", "output_format"])
 def test_parse_output_format_is_the_answers_grammar(ctx: ProtocolContext, field: str) -> None:
     fmt = {"type": "json_schema", "schema": SCHEMA}
@@ -387,15 +397,6 @@ def test_parse_refuses_prefill(ctx: ProtocolContext) -> None:
             {"tool_choice": {"type": "any"}},
             "tool_choice",
             "`tool_choice` forces a tool call but no tools are offered",
-        ),
-        (
-            {
-                "tools": [WEATHER],
-                "tool_choice": {"type": "any"},
-                "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
-            },
-            "output_config.format",
-            ("a `tool_choice` that forces a tool call cannot be combined with a structured output format"),
         ),
         (
             {"container": "cntr_1"},

@@ -229,11 +229,14 @@ def test_parse_rejects_a_forced_tool_choice_it_cannot_meet(
     assert err.param == "tool_choice" and (message is None or err.message == message)
 
 
-def test_parse_rejects_forced_call_with_response_format(ctx: ProtocolContext) -> None:
-    err = parse_error(
+def test_parse_forced_call_with_response_format_follows_the_tool_with_a_warning(ctx: ProtocolContext) -> None:
+    # instructor's tools modes send both, as OpenAI accepts: the call's arguments follow the tool.
+    job = parse(
         ctx, messages=[USER], tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}
     )
-    assert err.param == "response_format" and "cannot be combined" in err.message
+    assert job.request.forced_tool_calls and job.request.tools is not None
+    assert job.request.grammar == structured.forced_calls(job.request.tools, None, True, True)
+    assert [w for w in job.warnings if "`response_format` did not apply" in w]
 
 
 @pytest.mark.parametrize("field", ["functions", "function_call", "audio"])

@@ -273,6 +273,23 @@ def test_parse_forced_tool_choice_is_a_tool_call_grammar(
     assert job.echo["tool_choice"] == fields["tool_choice"]
 
 
+def test_parse_forced_tool_choice_with_text_format_follows_the_tool_with_a_warning(
+    fmt: OpenAIResponses, ctx: ProtocolContext
+) -> None:
+    # instructor's Mode.RESPONSES_TOOLS sends both; OpenAI accepts the pair.
+    job = parse(
+        fmt,
+        ctx,
+        input="hi",
+        tools=[WEATHER],
+        tool_choice="required",
+        text={"format": {"type": "json_object"}},
+    )
+    assert job.request.forced_tool_calls and job.request.tools is not None
+    assert job.request.grammar == structured.forced_calls(job.request.tools, None, True, True)
+    assert [w for w in job.warnings if "`text.format` did not apply" in w]
+
+
 @pytest.mark.parametrize(
     ("reasoning", "enable"),
     [
@@ -362,11 +379,6 @@ def test_parse_refuses_media_input(
             {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "now"}},
             "tool_choice",
             ("`tool_choice` names the tool 'now', which is not among the tools offered ('get_weather')"),
-        ),
-        (
-            {"tools": [WEATHER], "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
-            "text.format",
-            ("a `tool_choice` that forces a tool call cannot be combined with a structured output format"),
         ),
         (
             {"tools": [{"type": "local_shell"}]},

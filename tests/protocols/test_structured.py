@@ -57,9 +57,14 @@ def test_forced_calls_is_none_unless_the_choice_forces_a_call() -> None:
 
 
 def test_pick_takes_the_one_grammar_given() -> None:
-    assert structured.pick("calls", None, "p") == ("calls", True)
-    assert structured.pick(None, "json", "p") == ("json", False)
-    assert structured.pick(None, None, "p") == (None, False)
-    with pytest.raises(InvalidRequest) as info:
-        structured.pick("calls", "json", "p")
-    assert info.value.param == "p"
+    assert structured.pick("calls", None, "p") == structured.Constraint("calls", True)
+    assert structured.pick(None, "json", "p") == structured.Constraint("json", False)
+    assert structured.pick(None, None, "p") == structured.Constraint(None, False)
+
+
+def test_pick_lets_forced_calls_win_over_a_format_with_a_warning() -> None:
+    constraint = structured.pick("calls", "json", "text.format")
+    assert (constraint.grammar, constraint.forced) == ("calls", True)
+    assert len(constraint.warnings) == 1 and constraint.warnings[0].startswith(
+        '299 - "`text.format` did not apply'
+    )
