@@ -6,6 +6,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+MIN_TEMPERATURE = 1e-6  # a temperature below this samples greedily (see SamplingParams.greedy)
+MIN_TOP_P = 1e-30  # a top_p below this keeps the most likely token only (float32's range)
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -26,7 +29,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below MIN_TEMPERATURE sampling is argmax in all but name, and 1/t overflows float32
+        # near 1e-38 (the logits would be inf/nan): such a row samples greedily.
+        return self.temperature < MIN_TEMPERATURE
 
 
 @dataclass(frozen=True, slots=True)

@@ -211,17 +211,22 @@ def _pick(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
+MAX_TOKEN_DIGITS = 12
+
+
 def logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
     """JSON object keys are strings; each must name a token of this model's vocabulary."""
     if not raw:
         return None
     bias: dict[int, float] = {}
     for key, value in raw.items():
-        token = int(key) if key.isascii() and key.isdigit() else -1
+        # A token id has a few digits; int() of thousands of them raises (CPython's digit limit).
+        token = int(key) if key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_DIGITS else -1
         if not 0 <= token < vocab_size:
+            shown = key if len(key) <= MAX_TOKEN_DIGITS else key[:MAX_TOKEN_DIGITS] + "..."
             raise InvalidRequest(
-                f"`logit_bias` key {key!r} is not a token id of this model (0..{vocab_size - 1})",
-                param=f"logit_bias.{key}",
+                f"`logit_bias` key {shown!r} is not a token id of this model (0..{vocab_size - 1})",
+                param=f"logit_bias.{shown}",
             )
         bias[token] = float(value)
     return bias

@@ -39,7 +39,7 @@ from server.metrics import Metrics
 from server.names import ServedNames
 from server.observe import record_of
 from server.routes import Fit, RouteTable
-from server.writer import collect, send_json, stream_sse
+from server.writer import collect, header_value, send_json, stream_sse, warning_headers
 
 log = logging.getLogger("mlx_serve.http")
 T = TypeVar("T")
@@ -225,7 +225,7 @@ class App:
         stream = record_of(scope).track(self.engine.submit([job.request]))
         results = await collect(receive, stream)
         if results is not None:
-            notes = [(b"warning", w.encode()) for w in stream.warnings]
+            notes = warning_headers(stream.warnings)
             await send_json(send, 200, self.responses.compacted(job, results[0], ctx), notes)
 
     async def stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -258,8 +258,8 @@ class App:
         self._check_model(job.model)
         stream = record_of(scope).track(self.engine.submit(requests))
         for note in job.warnings:
-            log.warning("%s %s: %s", scope["method"], scope["path"], note)
-        notes = [(b"warning", w.encode()) for w in (*job.warnings, *stream.warnings)]
+            log.warning("%s %s: %s", scope["method"], scope["path"], header_value(note).decode())
+        notes = warning_headers((*job.warnings, *stream.warnings))
         if job.stream:
             renderer = fmt.renderer(job, ctx)
             await stream_sse(receive, send, stream, renderer, self.config.heartbeat_s, notes)

@@ -29,11 +29,36 @@ from protocols.contract import (
 )
 
 Headers = list[tuple[bytes, bytes]]
+MAX_HEADER_VALUE = 512  # bytes of one header value we write; a longer one is cut, marked with "..."
 SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+
+
+def header_value(text: str | bytes) -> bytes:
+    """A header value safe to write whatever the client put in it: printable ASCII only (any
+    other character escaped as Python writes it, `\\x1b`, `\\u00e9`) and at most
+    MAX_HEADER_VALUE bytes. A control character in a header is a protocol error (Hypercorn's
+    h11 raises, after the generation ran), and a header is no place for kilobytes."""
+    if isinstance(text, bytes):
+        text = text.decode("latin-1")
+    safe = text.encode("ascii", "backslashreplace").decode("ascii")
+    if not safe.isprintable():
+        safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in safe)
+    if len(safe) > MAX_HEADER_VALUE:
+        safe = safe[: MAX_HEADER_VALUE - 3] + "..."
+    return safe.encode("ascii")
+
+
+def safe_headers(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    return [(name, header_value(value)) for name, value in headers]
+
+
+def warning_headers(notes: Iterable[str]) -> Headers:
+    """One `Warning` header per note, each made safe to write."""
+    return [(b"warning", header_value(note)) for note in notes]
 
 
 def encode(frames: Iterable[Frame]) -> bytes:
@@ -65,7 +90,7 @@ async def send_json(
 ) -> None:
     """A whole body in two messages (JSON unless `content_type` says otherwise)."""
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + list(extra)})
+    await send({"type": "http.response.start", "status": status, "headers": headers + safe_headers(extra)})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -146,7 +171,9 @@ async def stream_sse(
     watcher = watch_disconnect(receive, stream)
     body = _BodySender(send)
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + list(extra)})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + safe_headers(extra)}
+        )
         await body(encode(renderer.start()))
         await _pump(stream, renderer, body, heartbeat_s)
     finally:

@@ -20,7 +20,7 @@ from engine.model.mlx_boundary import (
     greedy_sampler,
     make_logits_processors,
 )
-from engine.types import SamplingParams
+from engine.types import MIN_TOP_P, SamplingParams
 
 
 class RowSampler:
@@ -70,7 +70,8 @@ def make_row_sampler(s: SamplingParams) -> Sampler:
 def _filters(s: SamplingParams) -> list[Callable[[mx.array], mx.array]]:
     out: list[Callable[[mx.array], mx.array]] = []
     if 0 < s.top_p < 1.0:
-        out.append(lambda x: apply_top_p(x, s.top_p))
+        top_p = max(s.top_p, MIN_TOP_P)  # one that float32 rounds to 0 would keep no token
+        out.append(lambda x: apply_top_p(x, top_p))
     if s.min_p > 0.0:
         out.append(lambda x: apply_min_p(x, s.min_p, 1))
     if s.top_k > 0:

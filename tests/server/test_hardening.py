@@ -1,0 +1,81 @@
+"""Tier 2: hostile values that once broke the server or made it lie, each now a clean answer.
+
+The app with the fake engine (the real core and scheduler, a scripted runner), behind a real
+Hypercorn on a free port where the bytes on the wire matter (header values), or driven by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from server.app import App
+from server.config import Config
+from server.writer import MAX_HEADER_VALUE, header_value
+from tests.support.asgi import call
+from tests.support.fake_engine import fake_engine
+from tests.support.hypercorn_app import hypercorn_serving
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[str]:
+    engine, _ = fake_engine([f"t{i} " for i in range(8)])
+    with hypercorn_serving(App(Config(served_model_name=["m"]), engine)) as url:
+        yield url
+
+
+def _hosted_tool(kind: str) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 4, "messages": USER, "tools": [{"type": kind, "name": "web_search"}]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "kind", ["web_search_\x1b[31m\r\nx-injected: 1", "web_search_" + "é" * 20_000], ids=["control", "20k"]
+)
+def test_warning_header_with_client_text_is_escaped_ascii_and_short(
+    served: str, kind: str, stream: bool
+) -> None:
+    body = {**_hosted_tool(kind), "stream": stream}
+    reply = httpx.post(
+        served + "/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"}, timeout=30
+    )
+    assert reply.status_code == 200, reply.text
+    assert "x-injected" not in reply.headers
+    [warning] = reply.headers.get_list("warning")
+    assert warning.isascii() and warning.isprintable()
+    assert len(warning) <= MAX_HEADER_VALUE
+    assert "web_search_" in warning
+
+
+def test_header_value_escapes_every_control_character_and_truncates() -> None:
+    raw = "".join(chr(c) for c in range(0xA0)) + "\u2028\ud7ff"
+    out = header_value(raw).decode("ascii")
+    assert out.isprintable()
+    assert "\\x1b" in out and "\\n" in out and "\\x7f" in out and "\\u2028" in out
+    assert header_value("a" * 10_000) == b"a" * (MAX_HEADER_VALUE - 3) + b"..."
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_logit_bias_key_of_thousands_of_digits_is_a_400_naming_the_field(path: str) -> None:
+    engine, _ = fake_engine(["a", "b"])
+    field = {"messages": USER} if "chat" in path else {"prompt": "hi"}
+    body = json.dumps({**field, "max_tokens": 2, "logit_bias": {"9" * 5000: 1}}).encode()
+
+    async def go() -> Any:
+        app = App(Config(), engine)
+        engine.start()
+        await engine.wait_ready()
+        return await call(app, "POST", path, body)
+
+    reply = asyncio.run(go())
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert error["param"].startswith("logit_bias.")
+    assert len(error["message"]) < 200
