@@ -58,6 +58,7 @@ def engine_settings(config: Config) -> EngineSettings:
         ),
         max_prefilling=config.prompt_concurrency,
         token_budget=config.prefill_step_size,
+        max_step_s=None if config.max_step_ms is None else config.max_step_ms / 1000,
         max_waiting=config.max_queue,
         prompt_cache_size=config.prompt_cache_size,
         prompt_cache_bytes=config.prompt_cache_bytes,

@@ -46,6 +46,7 @@ class Config:
     decode_concurrency: int | None = None  # None: what the memory plan fits, up to 256
     prompt_concurrency: int = 8
     prefill_step_size: int = 2048
+    max_step_ms: float | None = None  # None: 2.5 × a measured decode step (engine.batch.step_cost); 0: off
     max_queue: int = 64
     memory_budget_bytes: int | None = None
     max_context: int | None = None
@@ -149,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--prompt-concurrency", type=int, help="prompts prefilled together (8)")
     a("--prefill-step-size", type=int, help="prefill chunk in tokens, and the per-step token budget (2048)")
+    a(
+        "--max-step-ms",
+        type=float,
+        help="while rows decode, size prompt chunks so a step takes about this long: lower keeps streams "
+        "smoother beside a long prompt, higher prefills it sooner (default: 2.5x a measured decode step, "
+        "at least 256 prompt tokens a step; 0: the whole --prefill-step-size every step)",
+    )
     a("--max-queue", type=int, help="requests allowed to wait for a batch slot before 429 (64)")
     a(
         "--memory-budget",
@@ -273,6 +281,8 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
         parser.error("--num-draft-tokens must be between 1 and 16")
     if not 0 < cfg.port < 65536:
         parser.error(f"--port {cfg.port} is out of range")
+    if cfg.max_step_ms is not None and cfg.max_step_ms < 0:
+        parser.error("--max-step-ms must be 0 (off) or more")
     if cfg.max_tokens < 1:
         parser.error("--max-tokens must be at least 1")
     if cfg.log_level.upper() not in LOG_LEVELS:

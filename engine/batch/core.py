@@ -164,6 +164,7 @@ class Core(RequestLifecycle):
         if not (plan.decode or plan.prefill):
             return  # only released rows: no forward ran
         c, took = self.counters, time.perf_counter() - started
+        self.scheduler.cost.observe(sum(ch.end - ch.start for ch in plan.prefill), len(plan.decode), took)
         c.engine_steps += 1
         c.engine_step_rows += len(plan.decode)
         c.engine_step_seconds += took

@@ -1,8 +1,10 @@
 """Iteration-level continuous batching, in pure Python (no MLX).
 
-NOTE, the algorithm. Every step: each decoding sequence gets one token; what is left of the
-step's token budget goes to prompt chunks, FIFO over admitted sequences whose prompt is not yet
-in the KV cache; waiting sequences are admitted FIFO while there is a prefill slot, a decode
+NOTE, the algorithm. Every step: each decoding sequence gets one token; of what is left of the
+step's token budget, as much as keeps the step within its measured time target
+(engine.batch.step_cost) goes to prompt chunks, shared evenly over the oldest admitted sequences
+whose prompt is not yet in the KV cache (at least `min_chunk` each), so a second prompt
+prefills beside a long first one instead of behind it; waiting sequences are admitted FIFO while there is a prefill slot, a decode
 slot and KV room for their whole prompt plus max_tokens. A sequence joins decoding the step its
 last prompt chunk is computed, and leaves the step it finishes or is aborted, so nobody waits
 for a batch to form and a running stream stalls by at most one chunk. A request is never
@@ -22,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.batch.step_cost import StepCost, fair_shares
 from engine.errors import ContextTooLong, InvalidRequest
 from engine.rows.step_records import PrefillChunk, StepOutput, StepPlan, TokenLogprobs, TokenUpdate
 from engine.types import FinishReason, Request
@@ -66,6 +69,8 @@ class SchedulerConfig:
     token_budget: int = 2048
     kv_capacity_tokens: int | None = None
     draft_tokens: int = 0  # a decoding row may verify this many draft tokens a step, on the budget
+    max_step_s: float | None = None  # a step's time target beside decoding rows (StepCost); 0: none
+    min_chunk: int = 256  # the least prompt tokens a prefilling row is given in a step it is given any
 
 
 class Scheduler:
@@ -92,6 +97,7 @@ class Scheduler:
         self._by_id: dict[str, Sequence] = {}
         self._to_release: list[str] = []
         self.kv_reserved = 0
+        self.cost = StepCost(config.max_step_s, min(config.min_chunk, config.token_budget))
 
     # -- membership -------------------------------------------------------------------
 
@@ -156,14 +162,13 @@ class Scheduler:
         release = self.take_releases()
         budget = self.config.token_budget - len(self.decoding) * (1 + self.config.draft_tokens)
         admitted = self._admit()
+        budget = self.cost.prompt_budget(budget, len(self.decoding))
+        needs = [seq.prompt_len - seq.num_computed for seq in self.prefilling]
         chunks = []
-        for seq in self.prefilling:
-            if budget <= 0:
-                break
-            n = min(seq.prompt_len - seq.num_computed, budget)
-            end = seq.num_computed + n
-            chunks.append(PrefillChunk(seq.id, seq.num_computed, end, end == seq.prompt_len))
-            budget -= n
+        for seq, n in zip(self.prefilling, fair_shares(needs, max(budget, 0), self.cost.min_chunk)):
+            if n > 0:
+                end = seq.num_computed + n
+                chunks.append(PrefillChunk(seq.id, seq.num_computed, end, end == seq.prompt_len))
         decode = tuple(s.id for s in self.decoding)
         return StepPlan(tuple(chunks), decode, release, admitted)
 

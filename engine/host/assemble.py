@@ -75,6 +75,7 @@ def make_core(
             token_budget=settings.token_budget,
             kv_capacity_tokens=plan.kv_capacity_tokens,
             draft_tokens=settings.num_draft_tokens if settings.draft_kind else 0,
+            max_step_s=settings.max_step_s,
         ),
         frozenset(loaded.tokenizer.eos_token_ids),
     )

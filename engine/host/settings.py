@@ -21,6 +21,7 @@ class EngineSettings:
     max_running: int | None = None  # rows decoded together; None: what the memory plan fits (≤256)
     max_prefilling: int = 8
     token_budget: int = 2048
+    max_step_s: float | None = None  # a step's time target beside decoding rows (engine.batch.step_cost)
     max_waiting: int = 64
     prompt_cache_size: int = 10
     prompt_cache_bytes: int | None = None

@@ -162,3 +162,13 @@ def test_config_shard_refuses_what_it_cannot_combine_with(
     with pytest.raises(SystemExit):
         load_config(flags if "--pipeline" in flags else ["--shard", "tensor", *flags])
     assert "cannot be combined with --shard" in capsys.readouterr().err
+
+
+def test_config_max_step_ms_reaches_the_engine_in_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    from server.cli import engine_settings
+
+    assert engine_settings(load_config(["--max-step-ms", "40"])).max_step_s == 0.04
+    assert engine_settings(load_config([])).max_step_s is None  # the measured default
+    with pytest.raises(SystemExit):
+        load_config(["--max-step-ms", "-1"])
+    assert "--max-step-ms must be 0 (off) or more" in capsys.readouterr().err
