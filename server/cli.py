@@ -203,7 +203,9 @@ def with_cors(app: ASGIApp, origins: list[str]) -> ASGIApp:
         app,
         allow_origins=origins,
         allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-        allow_headers=["authorization", "content-type", "x-api-key", "anthropic-version", "anthropic-beta"],
+        # Any header from an allowed origin: the browser SDKs send their own (x-stainless-*,
+        # anthropic-dangerous-direct-browser-access, openai-project) and add more each release.
+        allow_headers=["*"],
         expose_headers=["warning", "retry-after"],
         max_age=600,
     )

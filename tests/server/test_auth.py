@@ -240,3 +240,29 @@ def test_auth_stored_responses_belong_to_the_key_that_made_them() -> None:
     assert r["bob_continue"].json()["error"]["param"] == "previous_response_id"
     assert [r[k].status for k in ("alice_get", "alice_continue", "alice_delete")] == [200, 200, 200]
     assert r["alice_get"].json()["id"] == r["made"].json()["id"]
+
+
+SDK_PREFLIGHT_HEADERS = (  # what the official browser SDKs ask a preflight for (openai-node, anthropic-sdk-typescript)
+    b"authorization,content-type,openai-organization,openai-project,x-stainless-arch,x-stainless-lang,"
+    b"x-stainless-os,x-stainless-package-version,x-stainless-retry-count,x-stainless-runtime,"
+    b"x-stainless-runtime-version,x-stainless-timeout,x-stainless-helper-method,anthropic-version,"
+    b"anthropic-beta,anthropic-dangerous-direct-browser-access,x-api-key"
+)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
+def test_auth_cors_preflight_of_the_browser_sdks_is_allowed(path: str) -> None:
+    r = request(
+        path,
+        [
+            (b"origin", b"https://app.example"),
+            (b"access-control-request-method", b"POST"),
+            (b"access-control-request-headers", SDK_PREFLIGHT_HEADERS),
+        ],
+        method="OPTIONS",
+        allowed_origins=["https://app.example"],
+    )
+    assert r.status == 200, r.body
+    assert r.headers["access-control-allow-origin"] == "https://app.example"
+    allowed = {h.strip().lower() for h in r.headers["access-control-allow-headers"].split(",")}
+    assert set(SDK_PREFLIGHT_HEADERS.decode().split(",")) <= allowed
