@@ -32,7 +32,7 @@ from protocols.contract import (
     WireFormat,
 )
 from server.auth import PRINCIPAL_KEY
-from server.body import read_body
+from server.body import AmbiguousFraming, check_framing, read_body
 from server.config import Config
 from server.connections import OVER_CAPACITY, ConnectionLimit
 from server.metrics import Metrics
@@ -119,6 +119,7 @@ class App:
         if scope["method"] == "HEAD":
             send = _without_body(send)
         try:
+            check_framing(scope)
             if scope.get(OVER_CAPACITY) and not (match.route is not None and match.route.probe):
                 raise ConnectionLimit("the server is at its connection limit; retry shortly")
             if match.fit is Fit.FULL:
@@ -145,6 +146,8 @@ class App:
             headers.append((b"retry-after", str(exc.retry_after_s).encode()))
         elif isinstance(exc, EngineUnavailable):
             headers.append((b"retry-after", str(RETRY_AFTER_LOADING_S).encode()))
+        elif isinstance(exc, AmbiguousFraming):
+            headers.append((b"connection", b"close"))  # where this body ends is unknowable
         await send_json(send, exc.status, fmt.error_body(exc), headers)
 
     # -- plain routes -------------------------------------------------------------------

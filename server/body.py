@@ -7,6 +7,10 @@
   with no charset or UTF-8; the body is then parsed as JSON whatever the type said.
 - The whole body must arrive within --body-timeout-s: 408 otherwise, so a chunked body that
   never ends, or one that trickles a byte at a time, does not hold its connection forever.
+- A body cut short (the client half-closed, or left, before its end) is a 400 saying how much
+  came; the answer is written in case the client still reads.
+- `Transfer-Encoding` and `Content-Length` together are a 400 and the connection is closed
+  (RFC 9112 6.3: the framing is ambiguous, the classic request-smuggling shape).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import asyncio
 from typing import cast
 
 from engine.errors import InvalidRequest
-from protocols.contract import ClientGone, PayloadTooLarge, Receive, Scope
+from protocols.contract import PayloadTooLarge, Receive, Scope
 
 JSON_TYPES = frozenset({"application/json", "text/json", "text/plain", "application/x-www-form-urlencoded"})
 
@@ -26,6 +30,22 @@ class UnsupportedMediaType(InvalidRequest):
 
 class RequestTimeout(InvalidRequest):
     status = 408
+
+
+class IncompleteBody(InvalidRequest):
+    """The body ended (the client half-closed or left) before all of it came."""
+
+
+class AmbiguousFraming(InvalidRequest):
+    """Both Transfer-Encoding and Content-Length: answered, then the connection is closed."""
+
+
+def check_framing(scope: Scope) -> None:
+    if header(scope, b"transfer-encoding") is not None and header(scope, b"content-length") is not None:
+        raise AmbiguousFraming(
+            "a request may not carry both `Transfer-Encoding` and `Content-Length` (RFC 9112)",
+            param="Content-Length",
+        )
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -124,7 +144,8 @@ async def _read(receive: Receive, limit: int, size_hint: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientGone("client went away while sending its request")
+            declared = f" of the {size_hint} its Content-Length declared" if size_hint else ""
+            raise IncompleteBody(f"the request body ended after {size} bytes{declared}, before its end")
         chunk = message.get("body", b"")
         if size + len(chunk) > limit:
             more = _TooLarge if message.get("more_body", False) else PayloadTooLarge

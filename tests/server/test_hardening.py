@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,3 +80,54 @@ def test_logit_bias_key_of_thousands_of_digits_is_a_400_naming_the_field(path: s
     error = reply.json()["error"]
     assert error["param"].startswith("logit_bias.")
     assert len(error["message"]) < 200
+
+
+def _raw_exchange(url: str, data: bytes, timeout_s: float = 5.0) -> bytes:
+    """Send raw bytes; everything the server writes until it closes the connection."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+def test_transfer_encoding_with_content_length_is_a_400_and_the_connection_closes(served: str) -> None:
+    body = json.dumps({"messages": USER, "max_tokens": 2}).encode()
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\ntransfer-encoding: chunked\r\n\r\n" % len(body)
+    )
+    # The socket read ends only because the server closes the connection.
+    answer = _raw_exchange(served, head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    status, _, rest = answer.partition(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 400")
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "Content-Length"
+
+
+def test_body_cut_short_by_the_client_is_a_400_saying_how_much_came() -> None:
+    engine, _ = fake_engine(["a", "b"])
+    replies: list[dict[str, Any]] = []
+    parts = iter([{"type": "http.request", "body": b'{"messages": [', "more_body": True}])
+
+    async def receive() -> dict[str, Any]:
+        return next(parts, {"type": "http.disconnect"})
+
+    async def send(message: dict[str, Any]) -> None:
+        replies.append(message)
+
+    async def go() -> None:
+        app = App(Config(), engine)
+        engine.start()
+        await engine.wait_ready()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"100")]
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+        await asyncio.wait_for(app(scope, receive, send), 10)
+
+    asyncio.run(go())
+    assert replies[0]["status"] == 400
+    error = json.loads(replies[1]["body"])["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "14 bytes of the 100" in error["message"]
