@@ -9,18 +9,19 @@ engine's stream with `record_of(scope).track(stream)`; the `TrackedStream` stamp
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 
 from engine.errors import EngineUnavailable, ServeError
 from engine.types import EngineTimings, Finished, Usage
 from protocols.contract import ASGIApp, Message, Receive, Scope, Send
+from server.connections import OncePerInterval
 from server.metrics import ChoiceDone, Metrics, RequestDone
 from server.routes import OTHER, RouteTable, method_label
 from server.shutdown import Drain
@@ -178,16 +179,48 @@ class TrackedStream:
 
 
 class TraceWriter:
-    """--trace FILE: one JSON line per request with its phase timings (seconds from arrival)."""
+    """--trace FILE: one JSON line per request with its phase timings (seconds from arrival).
+
+    A line is written whole or not at all: one that cannot be (a full disk, a file-size limit)
+    is cut back off the file and counted in `dropped`, the cause logged once a minute, never a
+    traceback per request; writing resumes when it can."""
 
     def __init__(self, path: str) -> None:
-        self._file: IO[bytes] = Path(path).open("ab", buffering=0)  # noqa: SIM115 - open while serving
+        self.path = path
+        self.dropped = 0
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._torn = False  # a part-line that could not be cut off ends the file
+        self._say = OncePerInterval(log)
 
     def write(self, record: RequestRecord, done: RequestDone) -> None:
-        self._file.write(orjson.dumps(trace_line(record, done)) + b"\n")
+        self._append(orjson.dumps(trace_line(record, done)) + b"\n")
+
+    def _append(self, line: bytes) -> None:
+        start = -1
+        try:
+            start = os.lseek(self._fd, 0, os.SEEK_END)
+            view = memoryview(b"\n" + line if self._torn else line)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            self._torn = False
+        except OSError as exc:
+            self.dropped += 1
+            self._torn = start >= 0 and not _cut(self._fd, start)
+            self._say(
+                "trace", "--trace %s: %d lines dropped so far: %s", self.path, self.dropped, exc.strerror
+            )
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
+
+
+def _cut(fd: int, size: int) -> bool:
+    """The file back to `size` bytes (dropping a part-written line); False if it cannot be."""
+    try:
+        os.ftruncate(fd, size)
+        return True
+    except OSError:
+        return False
 
 
 def _since(record: RequestRecord, t: float | None) -> float | None:
@@ -275,6 +308,16 @@ def _client(scope: Scope) -> str:
     return f"{client[0]}:{client[1]}" if client else ""
 
 
+class Watcher:
+    """Told of each request as it begins and ends (the page's list of recent requests)."""
+
+    def begin(self, record: RequestRecord) -> None:
+        """A request arrived (its record is stamped as it goes on)."""
+
+    def end(self, record: RequestRecord, done: RequestDone) -> None:
+        """A request ended, with its summary."""
+
+
 class RequestObserver:
     """ASGI middleware: a record per request; at its end a log line, a trace line, metrics."""
 
@@ -285,11 +328,13 @@ class RequestObserver:
         drain: Drain | None = None,
         trace: TraceWriter | None = None,
         table: RouteTable | None = None,
+        watcher: Watcher | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.drain = drain
         self.trace = trace
+        self.watcher = watcher
         self.table = table if table is not None else getattr(app, "table", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -302,6 +347,8 @@ class RequestObserver:
             record.route = match.label
             record.probe = match.route is not None and match.route.probe
         scope[RECORD_KEY] = record
+        if self.watcher is not None:
+            self.watcher.begin(record)
 
         async def observed_receive() -> Message:
             message = await receive()
@@ -326,6 +373,8 @@ class RequestObserver:
         record.id = record.id or f"req-{uuid.uuid4().hex[:16]}"
         done = record.summary()
         self.metrics.observe(done)
+        if self.watcher is not None:
+            self.watcher.end(record, done)
         quiet = record.probe
         log.log(logging.DEBUG if quiet else logging.INFO, "%s", log_line(record, done))
         if self.trace is not None and not quiet:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -131,3 +134,39 @@ def test_body_cut_short_by_the_client_is_a_400_saying_how_much_came() -> None:
     error = json.loads(replies[1]["body"])["error"]
     assert error["type"] == "invalid_request_error"
     assert "14 bytes of the 100" in error["message"]
+
+
+TRACE_UNDER_A_SIZE_LIMIT = """
+import logging, resource, signal, sys, time
+from server.observe import RequestRecord, TraceWriter
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit write() fails (EFBIG), as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
+logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
+trace = TraceWriter(sys.argv[1])
+for i in range(200):
+    record = RequestRecord("POST", "/v1/chat/completions", "127.0.0.1")
+    record.id, record.ended = f"req-{i}", time.perf_counter()
+    trace.write(record, record.summary())
+trace.close()
+print("dropped", trace.dropped)
+"""
+
+
+def test_trace_on_a_full_disk_drops_whole_lines_and_says_so_once(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    out = subprocess.run(
+        [sys.executable, "-c", TRACE_UNDER_A_SIZE_LIMIT, str(path), "5000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=Path(__file__).parents[2],
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    lines = path.read_bytes().splitlines()
+    assert 0 < len(lines) < 200
+    assert [json.loads(line)["id"] for line in lines] == [f"req-{i}" for i in range(len(lines))]
+    assert out.stdout.split() == ["dropped", str(200 - len(lines))]
+    logged = [line for line in out.stderr.splitlines() if line.startswith("LOG ")]
+    assert len(logged) == 1 and "lines dropped" in logged[0]
