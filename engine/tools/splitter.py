@@ -87,8 +87,13 @@ class ToolCallSplitter:
         while buf and not self.ended:
             buf = self._outside(buf) if self._body is None else self._inside(buf)
         if self.sink.repeated():  # equal to a whole call's arguments: this one is whole too
-            log.warning("the model repeated a tool call it had just made: the answer ends there")
+            log.warning(
+                "the model repeated a tool call it had just made: the repeat is dropped, the answer ends"
+            )
+            self.sink.drop_repeat()
             self.ended = True
+        elif self.ended:
+            self.sink.release()
         return out
 
     def close(self) -> list[Delta]:
@@ -97,11 +102,13 @@ class ToolCallSplitter:
         self.sink.out = out
         held, self._held = self._held, ""
         if self.ended or (self._calls_only and self._body is None):
+            self.sink.release()
             return out  # a fence's closing line, a partial end marker: layout after the calls
         if self._body is None:
             self._text(held)
         elif self._give(held) is None:
             self._finish("")
+        self.sink.release()
         return out
 
     def _outside(self, buf: str) -> str:
@@ -235,5 +242,6 @@ class ToolCallSplitter:
                 self._layout += text
                 return
             text, self._layout, self._after_call = self._layout + text, "", False
+        self.sink.release()
         self.sink.out.append(TextDelta(text))
         self._fresh = False

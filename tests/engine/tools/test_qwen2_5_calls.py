@@ -120,8 +120,30 @@ def test_more_calls_after_a_bare_call_are_calls(pieces: list[str]) -> None:
 
 
 @pytest.mark.parametrize("opening", ["", "<tool_call>\n"])
-def test_the_same_call_again_ends_the_answer(opening: str) -> None:
-    # Greedy small models (Qwen2.5-Coder-0.5B after a tool result) repeat their call forever.
+def test_the_same_call_again_ends_the_answer_without_the_repeat(opening: str) -> None:
+    # Greedy small models (Qwen2.5-Coder-0.5B after a tool result) repeat their call forever;
+    # a client shown the repeat would run the tool twice.
     close = "\n</tool_call>\n" if opening else "\n"
     text, calls, ended = run([opening + PARIS + close] * 2 + [opening + ROME + close])
-    assert (text, calls, ended) == ("", [("get_weather", {"city": "Paris"})] * 2, True)
+    assert (text, calls, ended) == ("", [("get_weather", {"city": "Paris"})], True)
+
+
+@pytest.mark.parametrize("opening", ["", "<tool_call>\n"])
+def test_a_repeat_streamed_piece_by_piece_never_reaches_the_client(opening: str) -> None:
+    close = "\n</tool_call>\n" if opening else "\n"
+    splitter = ToolCallSplitter(QWEN2_5, TOOLS)
+    events = [e for ch in (opening + PARIS + close) * 2 for e in splitter.feed(ch)] + splitter.close()
+    assert [e.index for e in events if isinstance(e, ToolCallStart)] == [0]
+    assert "".join(e.arguments for e in events if isinstance(e, ToolCallArgsDelta)) == '{"city": "Paris"}'
+
+
+@pytest.mark.parametrize("cut", [len('{"name": "get_weather", "arguments": {"city": "Par'), len(PARIS)])
+def test_a_call_like_an_earlier_one_goes_out_when_it_differs_or_the_answer_ends(cut: int) -> None:
+    # Held back while it could be a repeat: a call to the same tool with other arguments, or
+    # one cut short (max_tokens) while its arguments still match, goes out whole all the same.
+    other = PARIS.replace("Paris", "Paris, Texas")
+    splitter = ToolCallSplitter(QWEN2_5, TOOLS)
+    events = [e for ch in PARIS + "\n" + other[:cut] for e in splitter.feed(ch)] + splitter.close()
+    assert [e.index for e in events if isinstance(e, ToolCallStart)] == [0, 1]
+    second = "".join(e.arguments for e in events if isinstance(e, ToolCallArgsDelta) and e.index == 1)
+    assert second == other[len('{"name": "get_weather", "arguments": ') : cut].removesuffix("}")
