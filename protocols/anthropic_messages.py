@@ -62,6 +62,10 @@ __all__ = ["FORMAT", "MessagesJob", "count_tokens", "error_body", "error_json", 
 __all__ += ["render", "stop_reason", "tool_use_id", "usage_json"]
 
 ID_PREFIX = "msg"
+# Claude Code's first system block: its version (with a per-build suffix) and entry point, and
+# in some versions a `cch=` value that changes per request. Anthropic does not show it to the
+# model; left in, it would end the shared prefix of every conversation at its first line.
+BILLING_HEADER = "x-anthropic-billing-header:"
 # Tools Anthropic runs on its own servers: they need Anthropic's infrastructure.
 HOSTED_TOOL_PREFIXES = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_", "mcp_toolset")
 REFUSED_FIELDS = {
@@ -133,12 +137,15 @@ def render(req: PromptBody, ctx: ProtocolContext) -> Prompt:
     _check_supported(req)
     tools, warnings = offered_tools(req)
     kwargs = conv.thinking_kwargs(_thinking_enabled(req.thinking))
+    # Anthropic's prompt order is tools, system, messages: a system prompt that differs between
+    # folders (Claude Code's names its memory folder) then leaves the tools' tokens shared.
+    tools_first = bool(tools) and ctx.tokenizer.system_turns
     rendered: dict[tuple[int, ...], list[int]] = {}
 
     def ids_of(messages: Sequence[InputMessage]) -> list[int]:
         key = tuple(map(id, messages))
         if key not in rendered:
-            template = template_messages(req, messages)
+            template = template_messages(req, messages, ctx.keep_billing_header, tools_first)
             rendered[key] = conv.render_prompt(
                 ctx, template, list(tools) if tools else None, kwargs, "messages"
             )
@@ -243,11 +250,20 @@ def _display(thinking: Thinking | None) -> Display:
     return thinking.display if isinstance(thinking, ThinkingEnabled | ThinkingAdaptive) else None
 
 
-def template_messages(req: PromptBody, messages: Sequence[InputMessage]) -> list[dict[str, Any]]:
-    """The conversation as chat-template message dicts."""
-    turns = TemplateConversation()
+def template_messages(
+    req: PromptBody,
+    messages: Sequence[InputMessage],
+    keep_billing_header: bool = False,
+    tools_first: bool = False,
+) -> list[dict[str, Any]]:
+    """The conversation as chat-template message dicts (Claude Code's billing header left out
+    unless the server keeps it: `--keep-billing-header`); with `tools_first`, the system text
+    in a system turn after the template's tools."""
+    turns = TemplateConversation(system_after_tools=tools_first)
     if req.system is not None:
-        turns.system(_text_only(req.system, "system", "system"))
+        system = _text_only(_without_billing_header(req.system, keep_billing_header), "system", "system")
+        if system:
+            turns.system(system)
     for i, msg in enumerate(messages):
         if msg.role == "system":
             turns.system(_text_only(msg.content, "system", f"messages[{i}].content"))
@@ -262,6 +278,12 @@ def template_messages(req: PromptBody, messages: Sequence[InputMessage]) -> list
             "a final assistant message (prefill) is not supported", param=f"messages[{len(messages) - 1}]"
         )
     return turns.messages()
+
+
+def _without_billing_header(system: str | list[TextBlock], keep: bool) -> str | list[TextBlock]:
+    if keep or isinstance(system, str):
+        return system
+    return [b for b in system if not b.text.startswith(BILLING_HEADER)]
 
 
 def _add_block(turns: TemplateConversation, role: str, block: ContentBlock, path: str) -> None:

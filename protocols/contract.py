@@ -73,6 +73,8 @@ class ProtocolContext:
     # Who is asking: a digest of the API key the request carried ("" on a server without keys).
     # Stored responses are kept per principal: one key cannot read or continue another's.
     principal: str = ""
+    # Claude Code's `x-anthropic-billing-header` system block reaches the prompt (--keep-billing-header).
+    keep_billing_header: bool = False
 
     def room_after(self, prompt_tokens: int) -> int:
         """What an answer may run to when the request sets no limit: the context that remains

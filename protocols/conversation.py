@@ -80,18 +80,29 @@ def parse_arguments(raw: str, param: str) -> Any:
 class TemplateConversation:
     """Builds the message dicts chat templates understand, turn by turn.
 
-    Every system text lands in one leading system message (most templates reject a system turn
-    anywhere else); adjacent user or assistant turns merge into one, as Anthropic documents;
-    tool calls and reasoning join the assistant turn they belong to.
+    System text given before the first turn lands in one leading system message; system text
+    that comes later (Claude Code's environment block, a mid-conversation instruction) stays a
+    system turn where it stands, so the tokens before it do not change (the tokenizer folds it
+    into the user's text for a template that takes a system message only first). Adjacent
+    user or assistant turns merge into one, as Anthropic documents; tool calls and reasoning
+    join the assistant turn they belong to.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, system_after_tools: bool = False) -> None:
+        # Anthropic's order, tools then system: the system text goes in a system turn after an
+        # empty leading one, which is where templates write their tools.
+        self._after_tools = system_after_tools
         self._system: list[str] = []
         self._messages: list[dict[str, Any]] = []
         self._reasoning: list[str] = []
 
     def system(self, text: str) -> None:
-        self._system.append(text)
+        if not self._messages:
+            self._system.append(text)
+        elif (last := self._last("system")) is not None:
+            last["content"] = join_text([last["content"], text])
+        else:
+            self._messages.append({"role": "system", "content": text})
 
     def user(self, text: str) -> None:
         last = self._last("user")
@@ -123,6 +134,8 @@ class TemplateConversation:
 
     def messages(self) -> list[dict[str, Any]]:
         head = [{"role": "system", "content": join_text(self._system)}] if self._system else []
+        if head and self._after_tools:
+            head.insert(0, {"role": "system", "content": ""})
         return head + self._messages
 
     def _last(self, role: str) -> dict[str, Any] | None:

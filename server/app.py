@@ -294,8 +294,9 @@ class App:
             server_sampling = SamplingParams(temperature=c.temp, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p)
             defaults = Defaults(server_sampling, c.max_tokens, c.chat_template_args)
             self._ctx = ProtocolContext(
-                model.model_id, model.tokenizer, defaults, self.created, model.context_length
-            )
+                model.model_id, model.tokenizer, defaults, self.created, model.context_length,
+                keep_billing_header=c.keep_billing_header,
+            )  # fmt: skip
             self._limits = Limits(model.tokenizer.vocab_size, model.context_length)
         return replace(self._ctx, created=int(time.time()), principal=_principal(scope or {}))
 

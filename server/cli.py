@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 
 from server.config import Config, load_config
 
+# `mlx-serve COMMAND ...` (server.commands); anything else is the serving command's flags
+COMMANDS = ("pull", "ls", "rm", "ps", "doctor", "fit", "bench", "launch")
+
 log = logging.getLogger("mlx_serve")
 
 if TYPE_CHECKING:  # the engine is imported only once the flags are read (fast --help)
@@ -27,6 +30,19 @@ def main(argv: list[str] | None = None) -> None:
         from server.service import main as service_main
 
         sys.exit(service_main(args[1:]))
+    if args[:1] in (["help"], ["commands"]):
+        from server.commands import USAGE
+
+        print(USAGE)
+        return
+    if args[:1] == ["serve"]:
+        from server.commands import serve_args
+
+        args = serve_args(args[1:])
+    elif args and args[0] in COMMANDS:
+        from server.commands import run
+
+        sys.exit(run(args))
     config = load_config(args)
     from engine.host.build import prepare_process
     from engine.host.settings import LOG_FORMAT
@@ -189,7 +205,9 @@ def serving_stack(app: App, config: Config, drain: Drain) -> tuple[ASGIApp, Trac
             "listening on %s without an API key (--api-key-file)", config.host
         )
     trace = TraceWriter(config.trace) if config.trace else None
-    observed = RequestObserver(AuthMiddleware(app, keys, app.table), app.metrics, drain, trace, app.table)
+    observed = RequestObserver(
+        AuthMiddleware(app, keys, app.table), app.metrics, drain, trace, app.table, watcher=app.recent
+    )
     return with_cors(observed, config.allowed_origins), trace
 
 

@@ -71,6 +71,7 @@ class Config:
     dequantize: str = "auto"
     seed: int | None = None
     tool_call_parser: str | None = None
+    keep_billing_header: bool = False  # Claude Code's x-anthropic-billing-header reaches the prompt
     # -- deployment: TLS, keys, shutdown, request tracing (issue 6) --
     certfile: str | None = None
     keyfile: str | None = None
@@ -210,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="the model family's tool-call markup, one of: %(choices)s "
         "(default: what mlx-lm infers from the chat template, else hermes)",
+    )
+    a(
+        "--keep-billing-header",
+        action="store_true",
+        help="keep Claude Code's `x-anthropic-billing-header` system block in the prompt (default: left "
+        "out, as Anthropic does; it changes per version and would end every shared prompt prefix)",
     )
     a(
         "--engine",

@@ -28,6 +28,9 @@ TOOLS_FOOTER = (
 )
 
 
+SYSTEM_PROBE = "mlx-serve-system-turn-probe"
+
+
 class ChatTokenizer:
     """Wraps mlx-lm's TokenizerWrapper. Pure CPU work, bounded (engine.model.templating): call it off
     the event loop. A prompt past `max_prompt_tokens` is refused with ContextTooLong."""
@@ -63,6 +66,24 @@ class ChatTokenizer:
             return False
         return template_uses_tools(getattr(self._wrapper, "chat_template", None))
 
+    @functools.cached_property
+    def system_turns(self) -> bool:
+        """Whether the chat template renders a system turn after the conversation has begun
+        (probed once); without, `render_chat` folds such turns into the user's text."""
+        if not self.has_chat_template:
+            return True  # the plain transcript writes every role
+        probe = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"},
+            {"role": "system", "content": SYSTEM_PROBE},
+            {"role": "user", "content": "v"},
+        ]
+        try:
+            return SYSTEM_PROBE in templating.render(self._wrapper, probe, None, {})
+        except ValueError:
+            return False
+
     def encode(self, text: str) -> list[int]:
         """Raw text prompt: BOS added when the tokenizer's config says so."""
         return templating.encode_within(self._wrapper, text, self.max_prompt_tokens)
@@ -87,6 +108,8 @@ class ChatTokenizer:
         (or runs past its bounds); only template variables of `template_kwargs` reach it.
         """
         kwargs = dict(template_kwargs or {})  # the protocols merge the server's defaults in
+        if _late_system(messages) and not self.system_turns:
+            messages = with_system_turns_as_user(messages)
         if not self.supports_tools:
             messages, tools = with_tools_described(messages, tools), None
         if not self.has_chat_template:
@@ -183,6 +206,36 @@ def with_tools_described(
             out[0] = {**out[0], "content": f"{head}\n\n{section}" if head else section}
         else:
             out.insert(0, {"role": "system", "content": section})
+    return out
+
+
+def _late_system(messages: list[dict[str, Any]]) -> bool:
+    roles = [m.get("role") for m in messages]
+    return "system" in roles[next((i for i, r in enumerate(roles) if r != "system"), len(roles)) :]
+
+
+def with_system_turns_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation for a template that takes a system message only first: a later system
+    turn joins the user's text where it stands (the turns before it keep their tokens), ahead
+    of the next user turn when an assistant turn came before it."""
+    out: list[dict[str, Any]] = []
+    begun, folded = False, False
+    for message in messages:
+        role, content = message.get("role"), message.get("content") or ""
+        last = out[-1] if out else {}
+        if (role == "system" and begun) or (role == "user" and folded):
+            if (
+                last.get("role") == "user"
+                and isinstance(last.get("content"), str)
+                and isinstance(content, str)
+            ):
+                out[-1] = {**last, "content": "\n\n".join(t for t in (last["content"], content) if t)}
+            else:
+                out.append({**message, "role": "user"})
+            folded = role == "system"
+            continue
+        begun, folded = begun or role != "system", False
+        out.append(dict(message))
     return out
 
 

@@ -14,13 +14,20 @@ turn is an expected failure, the round trip before it is asserted. Default setti
 
 from __future__ import annotations
 
+import http.server
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import msgspec
 import pytest
 
+from engine.model.tokenizer import ChatTokenizer
+from protocols import anthropic_messages
+from protocols.anthropic_request import MESSAGES_DECODER, InputMessage, MessagesBody
+from protocols.contract import Defaults, ProtocolContext
 from tests.e2e import clis
 from tests.support.server_proc import ServerProcess
 
@@ -103,3 +110,57 @@ def test_calls_its_bash_tool_and_gets_the_result_back(tool_model: ServerProcess,
 def test_default_settings_complete_a_turn(tool_model: ServerProcess, tmp_path: Path) -> None:
     run = clis.claude(tool_model.url, tmp_path, "say hi", timeout_s=3000)
     assert run.rc == 0 and result_of(run)["subtype"] == "success", run.stdout[-2000:]
+
+
+# --- what two sessions in different folders share ------------------------------------------------
+
+
+class _Capture(http.server.BaseHTTPRequestHandler):
+    """Keeps each request body Claude Code sends and answers 400, so it stops at once."""
+
+    bodies: ClassVar[list[bytes]] = []
+
+    def do_POST(self) -> None:
+        self.bodies.append(self.rfile.read(int(self.headers.get("content-length", 0))))
+        out = b'{"type":"error","error":{"type":"invalid_request_error","message":"captured"}}'
+        self.send_response(400)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def first_request(scratch: Path) -> MessagesBody:
+    """Claude Code's first /v1/messages body for `say hi` run in `scratch`/work."""
+    _Capture.bodies = []
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Capture)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        clis.claude(f"http://127.0.0.1:{server.server_address[1]}", scratch, "say hi", timeout_s=120)
+    finally:
+        server.shutdown()
+    body = MESSAGES_DECODER.decode(_Capture.bodies[0])
+    assert body.tools and isinstance(body.system, list)
+    return body
+
+
+def test_two_sessions_in_different_folders_share_the_system_prompt_and_tools(
+    smollm_path: Path, tmp_path: Path
+) -> None:
+    from mlx_lm.utils import load_tokenizer
+
+    ctx = ProtocolContext("m", ChatTokenizer(load_tokenizer(smollm_path)), Defaults(), 0)
+    one, two = first_request(tmp_path / "project-one"), first_request(tmp_path / "elsewhere" / "two")
+    # The folders differ in the environment block and in the system prompt's memory folder.
+    assert one.system != two.system and one.messages[-1] != two.messages[-1]
+    first, second = (anthropic_messages.render(r, ctx).ids for r in (one, two))
+    common = next(i for i, (x, y) in enumerate(zip(first, second, strict=False)) if x != y)
+    # Where the system prompt and tools end: the first token a different conversation changes.
+    alone = msgspec.structs.replace(one, messages=[InputMessage("user", "x")])
+    head = anthropic_messages.render(alone, ctx).ids
+    system_and_tools = next(i for i, (x, y) in enumerate(zip(first, head, strict=False)) if x != y)
+    assert common >= 0.9 * system_and_tools > 8000, (common, system_and_tools)
+    assert "x-anthropic-billing-header" not in ctx.tokenizer.decode(first)

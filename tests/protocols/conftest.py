@@ -32,6 +32,7 @@ class FakeTokenizer:
     vocab_size: int = VOCAB_SIZE
     template_error: str | None = None
     supports_tools: bool = True
+    system_turns: bool = True
     chat_calls: list[ChatCall] = field(default_factory=list)
 
     def encode(self, text: str) -> list[int]:

@@ -123,10 +123,15 @@ def edits_of(job: Job) -> Any:
 def test_claude_code_request_is_served(ctx: ProtocolContext) -> None:
     job = FORMAT.parse(orjson.dumps(claude_code_request()), ctx)
     call = rendered(ctx)
-    assert call.messages[0]["role"] == "system"
-    assert (
-        "You are Claude Code." in call.messages[0]["content"] and "env: linux" in call.messages[0]["content"]
-    )
+    # Anthropic's order: the tools (in the empty leading system message the template writes them
+    # into), the system prompt without the billing header, the conversation; the environment
+    # stays a system turn after the user's.
+    assert call.messages[:2] == [
+        {"role": "system", "content": ""},
+        {"role": "system", "content": "You are Claude Code."},
+    ]
+    assert [m["role"] for m in call.messages[2:]] == ["user", "system"]
+    assert call.messages[-1]["content"] == "env: linux"
     assert [t["function"]["name"] for t in call.tools] == ["Bash"]  # the placeholder is deferred
     assert call.template_kwargs["enable_thinking"] is True
     assert edits_of(job) == ()

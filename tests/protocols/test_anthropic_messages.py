@@ -4,6 +4,7 @@ shapes, checked against the anthropic SDK's own types and its client."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import anthropic
@@ -124,24 +125,65 @@ def test_parse_renders_messages_like_openai_chat(ctx: ProtocolContext) -> None:
     assert (job.model, job.stream, job.request.max_tokens) == ("claude-x", False, 64)
 
 
-def test_parse_joins_system_blocks_and_system_messages(ctx: ProtocolContext) -> None:
+def test_parse_joins_system_blocks_and_keeps_later_system_turns_in_place(ctx: ProtocolContext) -> None:
     system = [
         {"type": "text", "text": "one", "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": "two"},
     ]
     messages = [
+        {"role": "system", "content": "zero"},
         USER,
         {"role": "assistant", "content": "hello"},
         {"role": "system", "content": [{"type": "text", "text": "three"}]},
+        {"role": "system", "content": "four"},
         {"role": "user", "content": "more"},
     ]
     parse(ctx, system=system, messages=messages)
     assert rendered(ctx).messages == [
-        {"role": "system", "content": "one\n\ntwo\n\nthree"},
+        {"role": "system", "content": "one\n\ntwo\n\nzero"},
         USER,
         {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": "three\n\nfour"},
         {"role": "user", "content": "more"},
     ]
+
+
+def test_a_later_system_turn_leaves_the_tokens_before_it_unchanged(ctx: ProtocolContext) -> None:
+    turns = [USER, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    before = parse(ctx, system="s", messages=turns).request.prompt_tokens
+    after = parse(ctx, system="s", messages=[*turns, {"role": "system", "content": "late"}])
+    end = len(before) - len("<assistant>")
+    assert after.request.prompt_tokens[:end] == before[:end]
+
+
+def test_with_tools_the_system_prompt_comes_after_them_as_anthropic_orders_them(
+    ctx: ProtocolContext, tokenizer: Any
+) -> None:
+    parse(ctx, system="rules", messages=[USER], tools=[WEATHER])
+    assert rendered(ctx).messages == [
+        {"role": "system", "content": ""},
+        {"role": "system", "content": "rules"},
+        USER,
+    ]
+    tokenizer.system_turns = False  # a template that takes a system message only first
+    parse(ctx, system="rules", messages=[USER], tools=[WEATHER])
+    assert rendered(ctx).messages == [{"role": "system", "content": "rules"}, USER]
+
+
+def test_claude_codes_billing_header_stays_out_of_the_prompt(ctx: ProtocolContext) -> None:
+    system = [
+        {
+            "type": "text",
+            "text": "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=cli; cch=1f2e3;",
+        },
+        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+    ]
+    parse(ctx, system=system, messages=[USER])
+    assert rendered(ctx).messages == [{"role": "system", "content": "You are Claude Code."}, USER]
+    parse(replace(ctx, keep_billing_header=True), system=system, messages=[USER])
+    assert (
+        rendered(ctx).messages[0]["content"].startswith("x-anthropic-billing-header: cc_version=2.1.332.0b8;")
+    )
 
 
 def test_parse_merges_adjacent_turns_and_text_blocks(ctx: ProtocolContext) -> None:

@@ -138,7 +138,9 @@ def test_parse_string_input_renders_like_openai_chat(fmt: OpenAIResponses, ctx: 
     assert (job.model, job.stream, job.store, job.request.max_tokens) == ("m", False, True, 256)
 
 
-def test_parse_merges_instructions_and_system_items(fmt: OpenAIResponses, ctx: ProtocolContext) -> None:
+def test_parse_merges_instructions_and_leading_system_items(
+    fmt: OpenAIResponses, ctx: ProtocolContext
+) -> None:
     items = [
         {"role": "developer", "content": "dev rules"},
         {
@@ -149,9 +151,11 @@ def test_parse_merges_instructions_and_system_items(fmt: OpenAIResponses, ctx: P
         {"role": "system", "content": [{"type": "input_text", "text": "late system"}]},
     ]
     parse(fmt, ctx, input=items, instructions="top")
+    # A system item after the conversation began stays where it is: the tokens before it hold.
     assert rendered(ctx).messages == [
-        {"role": "system", "content": "top\n\ndev rules\n\nlate system"},
+        {"role": "system", "content": "top\n\ndev rules"},
         {"role": "user", "content": "a\n\nb"},
+        {"role": "system", "content": "late system"},
     ]
 
 

@@ -138,3 +138,45 @@ def test_no_template_still_describes_the_tools() -> None:
     tok = ChatTokenizer(TemplateWrapper(None))
     text = text_of(tok.render_chat([{"role": "user", "content": "hi"}], [WEATHER]))
     assert text.startswith("system: # Tools") and text.endswith("user: hi\nassistant:")
+
+
+# Gemma's kind: a system message only first (a later one would be an error or, here, dropped).
+SYSTEM_FIRST = (
+    "{% for m in messages %}{% if m['role'] != 'system' or loop.first %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LATE_SYSTEM = [
+    {"role": "system", "content": "rules"},
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "hello"},
+    {"role": "system", "content": "env: /work"},
+    {"role": "user", "content": "go"},
+]
+
+
+def test_a_template_that_takes_system_turns_anywhere_gets_them_in_place() -> None:
+    tok = ChatTokenizer(TemplateWrapper(PLAIN))
+    assert tok.system_turns
+    text = text_of(tok.render_chat(LATE_SYSTEM))
+    assert "<|im_start|>assistant\nhello<|im_end|>\n<|im_start|>system\nenv: /work<|im_end|>" in text
+
+
+def test_a_later_system_turn_joins_the_users_text_where_the_template_takes_none() -> None:
+    tok = ChatTokenizer(TemplateWrapper(SYSTEM_FIRST))
+    assert not tok.system_turns
+    text = text_of(tok.render_chat(LATE_SYSTEM))
+    assert text.startswith("<|im_start|>system\nrules<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n")
+    assert "<|im_start|>user\nenv: /work\n\ngo<|im_end|>" in text
+    # After the user's own turn, it joins that turn's end: the tokens before stay as they were.
+    last = text_of(tok.render_chat([*LATE_SYSTEM[:2], LATE_SYSTEM[3]]))
+    assert "<|im_start|>user\nhi\n\nenv: /work<|im_end|>\n<|im_start|>assistant\n" in last
+
+
+def test_a_template_that_raises_on_a_later_system_turn_is_probed_as_such() -> None:
+    raising = SYSTEM_FIRST.replace(
+        "{% endif %}{% endfor %}", "{% else %}{{ nope.call() }}{% endif %}{% endfor %}"
+    )
+    tok = ChatTokenizer(TemplateWrapper(raising))
+    assert not tok.system_turns
+    assert "env: /work" in text_of(tok.render_chat(LATE_SYSTEM))
