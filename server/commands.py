@@ -18,9 +18,7 @@ from typing import Any
 
 import httpx
 
-DEFAULT_URL = "http://127.0.0.1:8080"
-URL_ENV = "MLX_SERVE_URL"
-KEY_ENV = "MLX_SERVE_API_KEY"
+from server.local import KEY_ENV, auth_headers, server_url
 
 USAGE = """\
 usage: mlx-serve [COMMAND] [args]
@@ -152,17 +150,6 @@ def _size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def server_url(rest: list[str]) -> str:
-    if "--url" in rest and rest.index("--url") + 1 < len(rest):
-        return rest[rest.index("--url") + 1].rstrip("/")
-    return os.environ.get(URL_ENV, DEFAULT_URL).rstrip("/")
-
-
-def auth_headers() -> dict[str, str]:
-    key = os.environ.get(KEY_ENV)
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def ps(rest: list[str]) -> int:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from server.commands import DEFAULT_URL, KEY_ENV, URL_ENV, auth_headers
+from server.local import DEFAULT_URL, KEY_ENV, URL_ENV, auth_headers
 
 AGENTS = {"claude": "claude", "codex": "codex"}
 CLI_ENV = {"claude": "MLX_SERVE_CLAUDE", "codex": "MLX_SERVE_CODEX"}  # the CLI's path, if not on PATH
