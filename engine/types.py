@@ -61,6 +61,13 @@ class Request:
     forced_tool_calls: bool = False
 
 
+class CacheMiss(enum.Enum):
+    """Why a prompt was not served from the prefix cache further than it was."""
+
+    COLD = "cold"  # no block of it was ever cached
+    EVICTED = "evicted"  # its next block was cached once and is gone
+
+
 class FinishReason(enum.Enum):
     STOP = "stop"
     LENGTH = "length"
@@ -75,6 +82,8 @@ class Usage:
     drafted_tokens: int = 0  # speculative decoding: draft tokens verified, and how many were accepted
     accepted_tokens: int = 0
     predicted: bool = False  # the drafts came from the client's prediction (Predicted Outputs)
+    cached_disk_tokens: int = 0  # of cached_tokens, those read back from the prefix cache's disk tier
+    cache_miss: CacheMiss | None = None  # why no more of the prompt was cached (None: nothing more ever was)
 
     @property
     def total_tokens(self) -> int:
@@ -160,6 +169,7 @@ class Counters:
     requests_failed: int = 0
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually computed (the rest came from the prefix cache)
+    prompt_tokens_from_disk: int = 0  # prompt tokens the prefix cache read back from its disk tier
     generated_tokens: int = 0
     spec_decode_num_drafts: int = 0  # speculative decoding: row-steps that verified drafts,
     spec_decode_num_draft_tokens: int = 0  # the draft tokens verified,

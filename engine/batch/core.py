@@ -40,6 +40,9 @@ class Core(RequestLifecycle):
     # after start-up, or its next turn, does not find a unit under way.
     idle_work: IdleWork | None = None
     idle_after_s = 1.0
+    # Told the KV slots the running rows hold, each step: the prefix cache keeps to the rest
+    # (a row that needs KV memory evicts cache, never waits on it). None: a fixed cap.
+    prefix_room: Callable[[int], None] | None = None
     _last_step = 0.0
 
     def serve(
@@ -101,7 +104,14 @@ class Core(RequestLifecycle):
 
     def _step(self) -> None:
         started = time.perf_counter()
-        plan = self.scheduler.schedule()
+        sched = self.scheduler
+        self._fit_prefix_cache()  # rows that left since: their room is the cache's
+        if sched.releasing and sched.waiting:
+            # Rows that left keep their KV in the prefix cache before a waiting request looks
+            # its prefix up: a prompt sent again right after its abort resumes where it stopped.
+            self.runner.step(StepPlan((), (), sched.take_releases(), ()))
+        plan = sched.schedule()
+        self._fit_prefix_cache()  # rows admitted now: their room is theirs
         for seq_id in plan.admitted:
             self._start_guarded(seq_id, started)
         live = tuple(c for c in plan.prefill if c.seq_id in self.texts)
@@ -122,6 +132,10 @@ class Core(RequestLifecycle):
         for update in self.scheduler.update(plan, out):
             self._deliver_guarded(update)
         self._account(plan, started)
+
+    def _fit_prefix_cache(self) -> None:
+        if self.prefix_room is not None:
+            self.prefix_room(self.scheduler.kv_slots_held())
 
     def _alone_guarded(self, inbox: queue.SimpleQueue[Ticket | None], flush: Callable[[], None]) -> None:
         try:
@@ -204,6 +218,7 @@ class Core(RequestLifecycle):
         assert reason is not None
         if reason is FinishReason.STOP and text.called_tools:
             reason = FinishReason.TOOL_CALLS
+        from_disk, miss = self._cache_notes.get(u.seq_id, (0, None))
         usage = Usage(
             len(ticket.request.prompt_tokens),
             u.num_generated,
@@ -211,6 +226,8 @@ class Core(RequestLifecycle):
             u.drafted,
             u.accepted,
             ticket.request.prediction is not None,
+            from_disk,
+            miss,
         )
         timings = clock.timings(time.perf_counter()) if clock is not None else None
         ticket.emit(Finished(reason, usage, text.stops.matched, timings))

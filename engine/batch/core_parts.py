@@ -13,12 +13,18 @@ from engine.errors import ServeError
 from engine.types import EngineTimings, Event, Request
 
 if TYPE_CHECKING:
+    from engine.batch.prefix_cache import Found
     from engine.model.mlx_boundary import CacheLayer, LogitsProcessor
     from engine.rows.step_records import StepOutput, StepPlan
 
 
 class PrefixLookup(Protocol):
     def lookup(self, tokens: tuple[int, ...]) -> tuple[list[CacheLayer] | None, int]: ...
+
+    @property
+    def last(self) -> Found:
+        """The last lookup's whole answer (its disk share and miss kind too)."""
+        ...
 
 
 class Runner(Protocol):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
 import mlx.core as mx
 
@@ -32,6 +33,7 @@ from engine.model.mlx_boundary import (
     generation_stream,
     trim_prompt_cache,
 )
+from engine.types import CacheMiss
 
 
 @dataclass(slots=True)
@@ -42,11 +44,33 @@ class PrefixStats:
 
 
 @dataclass(slots=True)
+class Found:
+    """A lookup's whole answer: the row's cache, the tokens it holds, how many of them came
+    from disk, and why it is not longer (None: no more of the prompt was ever cached)."""
+
+    cache: list[CacheLayer] | None
+    num_tokens: int
+    from_disk: int = 0
+    miss: CacheMiss | None = None
+
+
+@dataclass(slots=True)
 class _Entry:
     tokens: tuple[int, ...]
     cache: list[CacheLayer]
     nbytes: int
     trimmable: bool  # a prefix of it can be used (else only the whole of it)
+
+
+class PrefixStore(Protocol):
+    """What the runner and the core use of a prefix cache (PrefixCache, or the block store)."""
+
+    stats: PrefixStats
+    last: Found
+
+    def lookup(self, tokens: tuple[int, ...]) -> tuple[list[CacheLayer] | None, int]: ...
+    def store(self, tokens: list[int], cache: list[CacheLayer]) -> None: ...
+    def store_many(self, rows: list[tuple[list[int], list[CacheLayer]]]) -> None: ...
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -74,6 +98,7 @@ class PrefixCache:
         self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()  # least recent first
         self._nbytes = 0
         self.stats = PrefixStats()
+        self.last = Found(None, 0)  # the last lookup's whole answer
 
     @property
     def nbytes(self) -> int:
@@ -99,10 +124,12 @@ class PrefixCache:
             if m > n:
                 best, n = entry, m
         if best is None or n < self.min_hit:
+            self.last = Found(None, 0, 0, CacheMiss.COLD if n == 0 else None)
             return None, 0
         self.stats.hits += 1
         self.stats.cached_tokens += n
-        return _prefix_of(best, n), n
+        self.last = Found(_prefix_of(best, n), n)
+        return self.last.cache, n
 
     def store(self, tokens: list[int], cache: list[CacheLayer]) -> None:
         self.store_many([(tokens, cache)])

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from engine.batch.prefix_cache import PrefixCache
+from engine.batch.prefix_cache import PrefixStore
 from engine.model.mlx_boundary import (
     CacheLayer,
     LogitsProcessor,
@@ -42,7 +42,7 @@ class PromptRows:
 
     spec: SpeculatingRows  # the runner's (BatchRunner sets it): told of each row admitted
 
-    def __init__(self, model: Model, prefill_step_size: int, prefix_cache: PrefixCache | None) -> None:
+    def __init__(self, model: Model, prefill_step_size: int, prefix_cache: PrefixStore | None) -> None:
         self.model = model
         self.prefill_step_size = prefill_step_size
         self.prefix_cache = prefix_cache

@@ -19,10 +19,11 @@ from engine.text.reasoning import reasoning_splitter
 from engine.text.stops import StopMatcher
 from engine.tools.formats import HERMES, tool_format_for
 from engine.tools.splitter import ToolCallSplitter
-from engine.types import Counters, Request
+from engine.types import CacheMiss, Counters, Request
 
 if TYPE_CHECKING:  # no MLX here either: the runner holds it
-    from engine.model.mlx_boundary import CacheLayer, Tokenizer
+    from engine.batch.prefix_cache import Found
+    from engine.model.mlx_boundary import Tokenizer
     from engine.rows.grammar import Constraint, GrammarTokenizer
 
 log = logging.getLogger("mlx_serve.engine")
@@ -50,7 +51,8 @@ class RequestLifecycle:
         self.texts: dict[str, RowText] = {}
         self.clocks: dict[str, Clock] = {}
         self.tool_format = tool_format_for(tokenizer, tool_parser)
-        self._prefixes: dict[str, tuple[list[CacheLayer] | None, int]] = {}
+        self._prefixes: dict[str, Found] = {}  # admitted rows' cached prefixes, until they start
+        self._cache_notes: dict[str, tuple[int, CacheMiss | None]] = {}  # tokens from disk, miss kind
         self._constraints: dict[str, Constraint] = {}  # grammar state of constrained requests, by id
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
         scheduler.cached_prefix = self._lookup_prefix
@@ -58,9 +60,10 @@ class RequestLifecycle:
     def _lookup_prefix(self, request: Request) -> int:
         if self.prefix_cache is None:
             return 0
-        found = self.prefix_cache.lookup(request.prompt_tokens)
+        self.prefix_cache.lookup(request.prompt_tokens)
+        found = self.prefix_cache.last
         self._prefixes[request.id] = found
-        return found[1]
+        return found.num_tokens
 
     def _accept_guarded(self, ticket: Ticket) -> None:
         try:
@@ -128,9 +131,13 @@ class RequestLifecycle:
             clock.admitted = now
         seq = self.scheduler.get(seq_id)
         assert seq is not None
-        cache, _ = self._prefixes.pop(seq_id, (None, 0))
+        found = self._prefixes.pop(seq_id, None)
         request = seq.request
+        cache = found.cache if found is not None else None
         self.runner.admit(request, cache, seq.num_cached, self._constraints.pop(seq_id, None))
+        if found is not None:
+            self._cache_notes[seq_id] = (found.from_disk, found.miss)
+            self.counters.prompt_tokens_from_disk += found.from_disk
         fmt = HERMES if request.forced_tool_calls else self.tool_format
         splitter = ToolCallSplitter(fmt, request.tools) if request.tools else None
         # A grammar shapes the answer from its first token: there is no reasoning to split off.
@@ -143,6 +150,7 @@ class RequestLifecycle:
         self.counters.prefill_tokens += seq.prompt_len - seq.num_cached
 
     def _drop(self, seq_id: str) -> None:
+        self._cache_notes.pop(seq_id, None)
         self.clocks.pop(seq_id, None)
         self.tickets.pop(seq_id, None)
         self.texts.pop(seq_id, None)

@@ -17,7 +17,7 @@ from typing import cast
 import mlx.core as mx
 
 import engine.rows.batch_padding  # noqa: F401 - batch caches keep their padding on the host too
-from engine.batch.prefix_cache import PrefixCache
+from engine.batch.prefix_cache import PrefixStore
 from engine.batch.prompt_rows import PromptRows
 from engine.model.mlx_boundary import Model, PromptProcessingBatch, generation_stream
 from engine.rows.prefill import join_batches, prefill_width, prompt_lazily
@@ -35,7 +35,7 @@ class BatchRunner(PromptRows):
         model: Model,
         *,
         prefill_step_size: int = 2048,
-        prefix_cache: PrefixCache | None = None,
+        prefix_cache: PrefixStore | None = None,
         speculation: Speculation | None = None,
         lone_row: bool = True,
         bucket_prefill: bool = False,
@@ -57,6 +57,8 @@ class BatchRunner(PromptRows):
     def step(self, plan: StepPlan) -> StepOutput:
         with mx.stream(generation_stream):
             self._release(plan.release)
+            if not (plan.prefill or plan.decode):  # releases only (Core._step's early release)
+                return self._settled(StepOutput({}))
             finals = self._prefill(plan.prefill)
             if finals:
                 self._join(finals)

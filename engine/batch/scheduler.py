@@ -204,6 +204,16 @@ class Scheduler:
         )
         return (self.num_active + 1) * longest <= cap
 
+    def kv_slots_held(self) -> int:
+        """The KV slots the running rows are charged for (the batch pads rows to its longest)."""
+        rows = (*self.prefilling, *self.decoding)
+        return len(rows) * max((s.kv_tokens for s in rows), default=0)
+
+    @property
+    def releasing(self) -> bool:
+        """Rows have left since the last plan and their runner rows are not yet released."""
+        return bool(self._to_release)
+
     def can_ever_fit(self, request: Request) -> bool:
         cap = self.config.kv_capacity_tokens
         return cap is None or len(request.prompt_tokens) + request.max_tokens <= cap

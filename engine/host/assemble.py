@@ -14,6 +14,9 @@ from engine.types import Counters
 
 if TYPE_CHECKING:
     from engine.batch.admission import MemoryPlan
+    from engine.batch.block_store import BlockStore
+    from engine.batch.disk_tier import DiskTier
+    from engine.batch.prefix_cache import PrefixCache
     from engine.host.shard.group import MemoryAgreement
 
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
@@ -57,9 +60,8 @@ def make_core(
 ) -> Core:
     """Plan memory (raises InsufficientMemory when nothing fits), then build the core.
     `shard` (a sharded rank) makes the plan the group's and scales the prefix cache to this rank."""
-    import mlx.core as mx
 
-    from engine.batch.prefix_cache import PrefixCache, gpu_min_hit
+    from engine.batch.block_store import BlockStore
     from engine.batch.runner import BatchRunner
     from engine.batch.scheduler import Scheduler, SchedulerConfig
     from engine.speculation.rows import Speculation
@@ -79,16 +81,7 @@ def make_core(
         ),
         frozenset(loaded.tokenizer.eos_token_ids),
     )
-    prefix_bytes = settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES
-    prefix = (  # --prompt-cache-size 0: no prefix cache at all (no copy of a finished row's KV)
-        PrefixCache(
-            max_entries=settings.prompt_cache_size,
-            max_bytes=shard.prefix_bytes(prefix_bytes) if shard is not None else prefix_bytes,
-            min_hit=gpu_min_hit(mx.default_device().type == mx.DeviceType.gpu),
-        )
-        if settings.prompt_cache_size > 0
-        else None
-    )
+    prefix = make_prefix_cache(loaded, settings, plan, shard)
     speculation = Speculation(
         settings.draft_kind,
         settings.num_draft_tokens,
@@ -106,11 +99,72 @@ def make_core(
     )
     core = Core(sched, runner, loaded.tokenizer, counters, prefix, settings.tool_call_parser)
     core.memory_plan = plan
+    if isinstance(prefix, BlockStore) and shard is None:  # ranks keep a fixed cap, evicting alike
+        core.prefix_room = CacheRoom(prefix, plan)
     if settings.warmup and shard is None:  # a sharded group's ranks would have to warm up in step
         from engine.host.warmup import warm_up
 
         core.idle_work = warm_up(loaded.model, sched.config, plan.shape.vocab, bucket_prefill=per_shape)
     return core
+
+
+def make_prefix_cache(
+    loaded: LoadedModel, settings: EngineSettings, plan: MemoryPlan, shard: MemoryAgreement | None
+) -> PrefixCache | BlockStore | None:
+    """The block store for a model of plain KV caches (the whole-entry cache for others, whose
+    caches cannot be cut into blocks); None with --prompt-cache-size 0. Unsharded, it may hold
+    all the KV memory the plan has (CacheRoom gives running rows theirs first) up to
+    --prompt-cache-bytes; a sharded rank keeps a fixed cap in proportion to its KV per token."""
+    import mlx.core as mx
+
+    from engine.batch.block_store import BlockStore
+    from engine.batch.prefix_cache import PrefixCache, gpu_min_hit
+    from engine.model.mlx_boundary import KVCache, make_prompt_cache
+
+    if settings.prompt_cache_size <= 0:  # no prefix cache at all (no copy of a finished row's KV)
+        return None
+    min_hit = gpu_min_hit(mx.default_device().type == mx.DeviceType.gpu)
+    if shard is not None:
+        nbytes = shard.prefix_bytes(settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES)
+    else:
+        whole = plan.kv_capacity_tokens * (plan.kv.per_token + plan.kv.window_per_token)
+        nbytes = min(whole, settings.prompt_cache_bytes or whole)
+    if not all(type(c) is KVCache for c in make_prompt_cache(loaded.model)):
+        return PrefixCache(max_entries=settings.prompt_cache_size, max_bytes=nbytes, min_hit=min_hit)
+    disk = None if shard is not None else _disk_tier(loaded, settings)
+    return BlockStore(max_bytes=nbytes, min_hit=min_hit, disk=disk)
+
+
+def _disk_tier(loaded: LoadedModel, settings: EngineSettings) -> DiskTier | None:
+    from pathlib import Path
+
+    from engine.batch.block_store import BLOCK_TOKENS
+    from engine.batch.disk_tier import DiskTier, default_dir, fingerprint
+
+    if settings.prompt_cache_disk_bytes <= 0:
+        return None
+    root = Path(settings.prompt_cache_dir) if settings.prompt_cache_dir else default_dir()
+    folder = root / fingerprint(loaded.model, BLOCK_TOKENS)
+    try:
+        tier = DiskTier(folder, settings.prompt_cache_disk_bytes)
+    except OSError as exc:
+        log.warning("prompt cache: no disk tier (%s: %s)", folder, exc)
+        return None
+    log.info("prompt cache: disk tier %s (%d blocks, %.1f GiB)", folder, len(tier), tier.nbytes / 2**30)
+    return tier
+
+
+class CacheRoom:
+    """Core.prefix_room for a block store: the KV memory the plan has, less the slots the
+    running rows are charged for, is the store's."""
+
+    def __init__(self, store: BlockStore, plan: MemoryPlan) -> None:
+        self.store = store
+        self.capacity = plan.kv_capacity_tokens
+        self.slot_bytes = plan.kv.per_token + plan.kv.window_per_token
+
+    def __call__(self, held_slots: int) -> None:
+        self.store.fit(max(0, self.capacity - held_slots) * self.slot_bytes)
 
 
 def builds_per_shape() -> bool:

@@ -24,7 +24,9 @@ class EngineSettings:
     max_step_s: float | None = None  # a step's time target beside decoding rows (engine.batch.step_cost)
     max_waiting: int = 64
     prompt_cache_size: int = 10
-    prompt_cache_bytes: int | None = None
+    prompt_cache_bytes: int | None = None  # None: the KV memory running rows leave free
+    prompt_cache_dir: str | None = None  # the disk tier's folder; None: engine.batch.disk_tier.default_dir()
+    prompt_cache_disk_bytes: int = 16 << 30  # the disk tier's cap; 0: no disk tier
     seed: int | None = None
     memory_budget_bytes: int | None = None
     max_context: int | None = None

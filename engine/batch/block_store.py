@@ -1,0 +1,286 @@
+"""The prefix cache of a model whose layers are all plain KV caches: a store of fixed-size blocks.
+
+NOTE, the algorithm (vLLM's automatic prefix caching, over mlx-lm's contiguous caches). A row's
+KV is cut into blocks of `block_tokens` positions; a block is keyed by a hash chained over every
+token up to its end (its parent's key and its own tokens), so one key names a whole prefix and
+two prompts that share a prefix share its blocks: a 12k-token system prompt is held once however
+many conversations start with it. The last block of a row may be partial (fewer tokens); it is
+a leaf, dropped once a longer row extends it. A lookup walks the prompt's full blocks by key,
+then takes the longest common prefix among the children of the last block found (any length:
+plain KV caches can be trimmed), and copies the run into one KV cache per layer for the row
+(MLX has no paged attention). Eviction drops blocks one at a time, least recently used first,
+and only blocks no cached block descends from (a chain is used from its root to its end, and
+is touched end first, so its ancestors are the more recent). An evicted full block goes to the
+disk tier (engine.batch.disk_tier) when there is one, and a lookup continues into it where
+memory ends.
+
+Room: the store's byte limit is the least of --prompt-cache-bytes and the KV memory the running
+rows do not hold (`fit`, told each step the slots the scheduler has reserved), so a row that
+needs KV memory evicts cache and never waits on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from engine.batch.prefix_cache import Found, PrefixStats, common_prefix
+from engine.model.mlx_boundary import CacheLayer, KVCache, async_eval, generation_stream
+from engine.types import CacheMiss
+
+if TYPE_CHECKING:
+    from engine.batch.disk_tier import DiskTier
+
+BLOCK_TOKENS = 256
+ROOT_KEY = b"mlx-serve prefix root"
+SEEN_KEYS = 1 << 20  # block keys remembered after eviction, to tell an evicted prefix from a cold one
+
+
+def block_key(parent: bytes, tokens: tuple[int, ...]) -> bytes:
+    """A block's key: a hash of its parent's key and its tokens (so of every token before them)."""
+    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    key: bytes
+    parent: Block | None
+    tokens: tuple[int, ...]
+    keys: list[mx.array]  # per layer, (1, kv heads, len(tokens), head dim)
+    values: list[mx.array]
+    nbytes: int
+    children: dict[bytes, Block] = field(default_factory=dict)
+
+    @property
+    def parent_key(self) -> bytes:
+        return self.parent.key if self.parent is not None else ROOT_KEY
+
+
+class BlockStore:
+    """One per engine (one model and adapter). Only the engine's owner thread touches it."""
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int,
+        min_hit: int = 1,
+        block_tokens: int = BLOCK_TOKENS,
+        disk: DiskTier | None = None,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.limit_bytes = max_bytes  # max_bytes less what running rows hold (fit)
+        self.min_hit = max(1, min_hit)
+        self.block_tokens = block_tokens
+        self.disk = disk
+        self.stats = PrefixStats()
+        self._roots: dict[bytes, Block] = {}
+        self._lru: OrderedDict[bytes, Block] = OrderedDict()  # least recently used first
+        self._seen: OrderedDict[bytes, None] = OrderedDict()  # keys of blocks evicted once
+        self._nbytes = 0
+        self.last: Found = Found(None, 0)
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    # -- room -------------------------------------------------------------------------
+
+    def fit(self, free_bytes: int) -> None:
+        """The KV memory running rows leave free: the store keeps to it (and to max_bytes)."""
+        self.limit_bytes = max(0, min(self.max_bytes, free_bytes))
+        self._evict()
+
+    def _evict(self) -> None:
+        while self._nbytes > self.limit_bytes and self._lru:
+            victim = next((b for b in self._lru.values() if not b.children), None)
+            if victim is None:
+                return
+            self._drop(victim, spill=True)
+
+    def _drop(self, block: Block, spill: bool) -> None:
+        del self._lru[block.key]
+        siblings = block.parent.children if block.parent is not None else self._roots
+        siblings.pop(block.key, None)
+        self._nbytes -= block.nbytes
+        full = len(block.tokens) == self.block_tokens
+        if full:
+            self._seen[block.key] = None
+            if len(self._seen) > SEEN_KEYS:
+                self._seen.popitem(last=False)
+        if spill and full and self.disk is not None:
+            self.disk.put(block.key, block.parent_key, block.tokens, block.keys, block.values)
+
+    def _touch(self, block: Block | None) -> None:
+        """A chain's use, end first: its ancestors become the more recent, so leaves go first."""
+        while block is not None:
+            self._lru.move_to_end(block.key)
+            block = block.parent
+
+    # -- lookup -----------------------------------------------------------------------
+
+    def lookup(self, tokens: tuple[int, ...]) -> tuple[list[CacheLayer] | None, int]:
+        """A private copy of the longest cached run of the prompt's blocks, and its length; at
+        least one prompt token is left to compute (the first sampled token needs its logits).
+        The whole answer (disk share, miss kind) stays in `last`."""
+        self.stats.lookups += 1
+        limit = len(tokens) - 1
+        run, n, from_disk = self._walk(tuple(tokens), limit)
+        miss = self._miss(tuple(tokens), n, limit)
+        if n < self.min_hit:
+            self.last = Found(None, 0, 0, miss or (CacheMiss.COLD if n == 0 else None))
+            return None, 0
+        self._touch(run[-1][0])
+        self._evict()  # blocks read back from disk take room too
+        self.stats.hits += 1
+        self.stats.cached_tokens += n
+        self.last = Found(_copy(run), n, from_disk, miss)
+        return self.last.cache, n
+
+    def _walk(self, tokens: tuple[int, ...], limit: int) -> tuple[list[tuple[Block, int]], int, int]:
+        """The cached blocks the prompt starts with (each with the positions used), from memory
+        and then from disk; the tokens they hold; how many of those came from disk."""
+        b = self.block_tokens
+        run: list[tuple[Block, int]] = []
+        children, parent, n, from_disk = self._roots, None, 0, 0
+        while n + b <= limit:
+            key = block_key(parent.key if parent else ROOT_KEY, tokens[n : n + b])
+            block = children.get(key)
+            if block is None and self.disk is not None:
+                block = self._from_disk(key, parent, tokens[n : n + b])
+                from_disk += b if block is not None else 0
+            if block is None:
+                break
+            run.append((block, b))
+            children, parent, n = block.children, block, n + b
+        rest = tokens[n:limit]
+        best, m = None, 0
+        for child in children.values():
+            k = common_prefix(child.tokens, rest)
+            if k > m:
+                best, m = child, k
+        if best is not None:
+            run.append((best, m))
+        return run, n + m, from_disk
+
+    def _miss(self, tokens: tuple[int, ...], found: int, limit: int) -> CacheMiss | None:
+        """EVICTED when the block after those found was once cached; COLD when nothing was."""
+        b = self.block_tokens
+        key, n = ROOT_KEY, 0
+        while n + b <= limit:
+            key = block_key(key, tokens[n : n + b])
+            n += b
+            if n > found:
+                return CacheMiss.EVICTED if key in self._seen else (None if found else CacheMiss.COLD)
+        return None if found else CacheMiss.COLD
+
+    def _from_disk(self, key: bytes, parent: Block | None, tokens: tuple[int, ...]) -> Block | None:
+        assert self.disk is not None
+        arrays = self.disk.get(key, parent.key if parent else ROOT_KEY, tokens)
+        if arrays is None:
+            return None
+        keys, values = arrays
+        return self._add(key, parent, tokens, keys, values)
+
+    # -- store ------------------------------------------------------------------------
+
+    def store(self, tokens: list[int], cache: list[CacheLayer]) -> None:
+        self.store_many([(tokens, cache)])
+
+    def store_many(self, rows: list[tuple[list[int], list[CacheLayer]]]) -> None:
+        """Rows' KV, cut into blocks, the blocks not yet held copied out of the rows' buffers in
+        one evaluation queued on the accelerator (waiting for it would idle the accelerator
+        while the next step is built)."""
+        new: list[mx.array] = []
+        with mx.stream(generation_stream):
+            for tokens, cache in rows:
+                if tokens and all(type(c) is KVCache and c.keys is not None for c in cache):
+                    new.extend(self._insert(tuple(tokens), cache))
+        if new:
+            async_eval(new)
+        self._evict()
+
+    def _insert(self, tokens: tuple[int, ...], cache: list[CacheLayer]) -> list[mx.array]:
+        states = _layers(cache)
+        n = min(len(tokens), min(int(k.shape[2]) for k, _ in states))
+        b, last, new = self.block_tokens, None, []
+        for start in range(0, n, b):
+            part = tokens[start : min(n, start + b)]
+            block = self._held(last, part)
+            if block is None:
+                keys = [mx.contiguous(k[..., start : start + len(part), :]) for k, _ in states]
+                values = [mx.contiguous(v[..., start : start + len(part), :]) for _, v in states]
+                block = self._add(block_key(last.key if last else ROOT_KEY, part), last, part, keys, values)
+                new.extend(keys + values)
+            last = block
+        self._touch(last)
+        return new
+
+    def _held(self, parent: Block | None, part: tuple[int, ...]) -> Block | None:
+        """The block that already holds `part` after `parent` (for a partial part, any block
+        that extends it), making room for a new one: partial blocks it extends are dropped."""
+        siblings = parent.children if parent else self._roots
+        block = siblings.get(block_key(parent.key if parent else ROOT_KEY, part))
+        if block is not None:
+            return block
+        if len(part) < self.block_tokens:
+            extends = [s for s in siblings.values() if s.tokens[: len(part)] == part]
+            if extends:
+                return extends[0]
+        for old in [
+            s for s in siblings.values() if len(s.tokens) < len(part) and part[: len(s.tokens)] == s.tokens
+        ]:
+            if not old.children:
+                self._drop(old, spill=False)
+        return None
+
+    def _add(
+        self,
+        key: bytes,
+        parent: Block | None,
+        tokens: tuple[int, ...],
+        keys: list[mx.array],
+        values: list[mx.array],
+    ) -> Block:
+        nbytes = sum(a.nbytes for a in keys) + sum(a.nbytes for a in values)
+        block = Block(key, parent, tokens, keys, values, nbytes)
+        (parent.children if parent else self._roots)[key] = block
+        self._lru[key] = block
+        self._nbytes += nbytes
+        return block
+
+
+def _layers(cache: list[CacheLayer]) -> list[tuple[mx.array, mx.array]]:
+    out = []
+    for c in cache:
+        assert isinstance(c, KVCache) and c.keys is not None and c.values is not None
+        out.append((c.keys[..., : c.offset, :], c.values[..., : c.offset, :]))
+    return out
+
+
+def _copy(run: list[tuple[Block, int]]) -> list[CacheLayer]:
+    """One plain KV cache per layer holding the run's positions, that the row writes past freely."""
+    out: list[CacheLayer] = []
+    with mx.stream(generation_stream):
+        for layer in range(len(run[0][0].keys)):
+            c = KVCache()
+            c.keys = _join(
+                [b.keys[layer] if m == len(b.tokens) else b.keys[layer][..., :m, :] for b, m in run]
+            )
+            c.values = _join(
+                [b.values[layer] if m == len(b.tokens) else b.values[layer][..., :m, :] for b, m in run]
+            )
+            c.offset = int(c.keys.shape[2])
+            out.append(c)
+    return out
+
+
+def _join(parts: list[mx.array]) -> mx.array:
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
