@@ -21,6 +21,7 @@ from protocols.contract import (
     Job,
     ProtocolContext,
 )
+from protocols.conversation import warning
 
 MAX_CHOICES = 16
 MAX_STOP_STRINGS = 16
@@ -243,6 +244,19 @@ def max_tokens(fields: OpenAIFields, ctx: ProtocolContext) -> int:
     return _pick(fields.max_completion_tokens, _pick(fields.max_tokens, ctx.defaults.max_tokens))
 
 
+def default_limit_warnings(fields: OpenAIFields, ctx: ProtocolContext) -> tuple[str, ...]:
+    """The note owed to a request that sets no limit: the server's --max-tokens cuts its answer
+    (`finish_reason: length`), which a client that never asked for a limit does not expect."""
+    if fields.max_tokens is not None or fields.max_completion_tokens is not None:
+        return ()
+    return (
+        warning(
+            f"the request sets no `max_tokens`: the answer stops at the server's default of "
+            f"{ctx.defaults.max_tokens} tokens (--max-tokens), with finish_reason 'length'"
+        ),
+    )
+
+
 def include_usage(fields: OpenAIFields) -> bool:
     options = fields.stream_options
     return bool(fields.stream and options is not None and options.include_usage)
@@ -345,5 +359,5 @@ def build_job(
         include_usage=include_usage(fields),
         model=fields.model or ctx.model_id,
         n=fields.n or 1,
-        warnings=warnings + constraint.warnings,
+        warnings=warnings + constraint.warnings + default_limit_warnings(fields, ctx),
     )

@@ -78,6 +78,8 @@ def engine_settings(config: Config) -> EngineSettings:
         max_waiting=config.max_queue,
         prompt_cache_size=config.prompt_cache_size,
         prompt_cache_bytes=config.prompt_cache_bytes,
+        prompt_cache_dir=config.prompt_cache_dir,
+        prompt_cache_disk_bytes=config.prompt_cache_disk_bytes,
         seed=config.seed,
         memory_budget_bytes=config.memory_budget_bytes,
         max_context=config.max_context,

@@ -52,6 +52,8 @@ class Config:
     max_context: int | None = None
     prompt_cache_size: int = 10
     prompt_cache_bytes: int | None = None
+    prompt_cache_dir: str | None = None
+    prompt_cache_disk_bytes: int = 16 << 30
     draft_model: str | None = None
     num_draft_tokens: int = 3
     draft_kind: str | None = None
@@ -167,7 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--max-context", type=int, help="cap on prompt + max_tokens per request (default: what fits)")
     a("--prompt-cache-size", type=int, help="max prompt-cache entries (10)")
-    a("--prompt-cache-bytes", type=_parse_size, help="max prompt-cache bytes, e.g. 4G")
+    a(
+        "--prompt-cache-bytes",
+        type=_parse_size,
+        help="max prompt-cache bytes in memory, e.g. 4G (default: the KV memory running requests leave free)",
+    )
+    a("--prompt-cache-dir", help="the prompt cache's disk tier (default: ~/.cache/mlx-serve/prompt-cache)")
+    a(
+        "--prompt-cache-disk-bytes",
+        type=_parse_size,
+        help="max bytes of the prompt cache's disk tier, e.g. 32G; 0: no disk tier (16G)",
+    )
     a("--draft-model", help="draft model for speculative decoding (same tokenizer as --model)")
     a("--num-draft-tokens", type=int, help="draft tokens verified per step, 1-16 (3)")
     a(
@@ -266,7 +278,13 @@ def _read_toml(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
     unknown = sorted(set(values) - known)
     if unknown:
         parser.error(f"--config {path}: unknown settings {', '.join(unknown)}")
-    for key in ("prompt_cache_bytes", "memory_budget_bytes", "max_body_bytes", "max_header_bytes"):
+    for key in (
+        "prompt_cache_bytes",
+        "prompt_cache_disk_bytes",
+        "memory_budget_bytes",
+        "max_body_bytes",
+        "max_header_bytes",
+    ):
         if isinstance(values.get(key), str):
             values[key] = _parse_size(values[key])
     if isinstance(values.get("allowed_origins"), str):
