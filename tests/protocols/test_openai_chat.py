@@ -421,3 +421,16 @@ def test_parse_reasoning_effort_switches_thinking(ctx: ProtocolContext) -> None:
     parse(ctx, messages=[USER], reasoning_effort="high", chat_template_kwargs={"enable_thinking": False})
     assert tok.chat_calls[-1].template_kwargs["enable_thinking"] is False  # type: ignore[attr-defined]
     assert parse_error(ctx, messages=[USER], reasoning_effort="max").param == "reasoning_effort"
+
+
+@pytest.mark.parametrize(
+    ("fields", "warned"), [({}, True), ({"max_tokens": 9}, False), ({"max_completion_tokens": 9}, False)]
+)
+def test_parse_warns_when_the_servers_default_limit_applies(
+    ctx: ProtocolContext, fields: Any, warned: bool
+) -> None:
+    # A client that set no limit is told the answer stops at --max-tokens (finish_reason length).
+    job = parse(ctx, messages=[USER], **fields)
+    limit = f"stops at the server's default of {ctx.defaults.max_tokens} tokens (--max-tokens)"
+    assert [w for w in job.warnings if limit in w] == ([job.warnings[0]] if warned else [])
+    assert job.request.max_tokens == fields.get("max_tokens", fields.get("max_completion_tokens", 256))

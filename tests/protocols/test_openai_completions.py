@@ -257,3 +257,9 @@ def test_parse_logprobs_is_an_integer_of_alternatives(ctx: ProtocolContext) -> N
     assert parse(ctx, prompt="x", logprobs=5).request.logprobs == 5
     assert parse_error(ctx, prompt="x", logprobs=21).param == "logprobs"
     assert parse_error(ctx, prompt="x", logprobs=True).param == "logprobs"
+
+
+def test_parse_warns_when_the_servers_default_limit_applies(ctx: ProtocolContext) -> None:
+    limit = f"stops at the server's default of {ctx.defaults.max_tokens} tokens (--max-tokens)"
+    assert [w for w in parse(ctx, prompt="hi").warnings if limit in w]
+    assert not parse(ctx, prompt="hi", max_tokens=3).warnings
