@@ -5,19 +5,15 @@
 Loads the model with `mlx_lm.load`, applies the chat template to each prompt's messages, and
 times `stream_generate` (greedy): warm-up runs first, then timed runs, one prompt each in turn.
 `--batch 16,64` also times mlx-lm's `batch_generate` at each B (B prompts from the list, reused
-round-robin; one warm-up call at that B first, then `--runs` timed calls; its decode tok/s).
-Also records the machine: platform, CPU count, MLX device and the BLAS libraries mapped in.
+round-robin; one warm-up call at that B first, then `--runs` timed calls).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from dataclasses import asdict, dataclass
-from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,25 +30,6 @@ class DirectRun:
     ttft_s: float
     total_s: float
     peak_memory_gb: float
-
-
-def machine_info() -> dict[str, object]:
-    """Where this ran: platform, CPUs, MLX device and versions, BLAS libraries in this process."""
-    import mlx.core as mx
-
-    from bench.servers import loaded_blas_libs
-
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "mlx_device": str(mx.default_device()),
-        "mlx_version": version("mlx"),
-        "mlx_lm_version": version("mlx-lm"),
-        "blas_libs": loaded_blas_libs(os.getpid()),
-        "ld_preload": os.environ.get("LD_PRELOAD", ""),
-    }
 
 
 def timed_run(model: Any, tokenizer: TokenizerWrapper, prompt: list[int], max_tokens: int) -> DirectRun:
@@ -104,11 +81,9 @@ def run_batched(
     max_tokens: int,
     runs: int,
     sizes: list[int],
-    requests: int = 0,
 ) -> dict[str, Any]:
-    """mlx-lm `batch_generate` decode tok/s at each B, warmed at that B first. `requests` > B:
-    that many prompts, B decoding at a time (a server bench's closed loop of `requests` requests
-    from B clients, joins and their prefill included); 0: B prompts, one wave."""
+    """mlx-lm `batch_generate` at each B, warmed at that B first: B prompts in one wave; its
+    decode tok/s and its end-to-end rate (prefill included, as a server's aggregate is)."""
     from mlx_lm import batch_generate, load
 
     model, tokenizer = load(str(model_dir))[:2]
@@ -118,7 +93,7 @@ def run_batched(
     ]
     out: dict[str, Any] = {}
     for b in sizes:
-        batch = [token_lists[i % len(token_lists)] for i in range(max(b, requests))]
+        batch = [token_lists[i % len(token_lists)] for i in range(b)]
         kwargs = {"completion_batch_size": b, "prefill_batch_size": min(b, 8)}
         batch_generate(model, tokenizer, batch, max_tokens=max_tokens, **kwargs)
         tps = []
@@ -140,40 +115,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", type=Path)
-    parser.add_argument("--prompts", type=Path, help="JSON list of chat message lists")
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--prompts", type=Path, required=True, help="JSON list of chat message lists")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup-runs", type=int, default=1)
     parser.add_argument("--batch", default="", help="comma-separated B for batch_generate")
-    parser.add_argument(
-        "--batch-requests",
-        type=int,
-        default=0,
-        help="prompts per batch_generate call, B at a time (default: B)",
-    )
-    parser.add_argument("--info-only", action="store_true", help="only report the machine")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    result: dict[str, Any] = {"machine": machine_info()}
-    if not args.info_only:
-        prompts = json.loads(args.prompts.read_text())
-        result |= run_direct(args.model, prompts, args.max_tokens, args.runs, args.warmup_runs)
-        if args.batch:
-            sizes = [int(b) for b in args.batch.split(",")]
-            result["batch"] = run_batched(
-                args.model, prompts, args.max_tokens, args.runs, sizes, args.batch_requests
-            )
-            for b, rs in result["batch"].items():
-                print(
-                    f"batch_generate B={b} ({max(int(b), args.batch_requests)} prompts): "
-                    + ", ".join(f"{r['generation_tps']:.0f}" for r in rs)
-                    + " tok/s"
-                    " decode; end to end (prefill included, as a server's aggregate is): "
-                    + ", ".join(f"{r['generation_tokens'] / r['wall_s']:.0f}" for r in rs)
-                    + " tok/s"
-                )
-        result["machine"] = machine_info()  # BLAS libraries are mapped once MLX has run
+    prompts = json.loads(args.prompts.read_text())
+    result = run_direct(args.model, prompts, args.max_tokens, args.runs, args.warmup_runs)
+    if args.batch:
+        sizes = [int(b) for b in args.batch.split(",")]
+        result["batch"] = run_batched(args.model, prompts, args.max_tokens, args.runs, sizes)
     args.out.write_text(json.dumps(result, indent=1))
 
 

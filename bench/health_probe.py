@@ -3,7 +3,7 @@
     python -m bench.health_probe URL OUT [--every-ms 10]
 
 Runs until SIGTERM, then writes each probe's latency (ms, one per line) to OUT. A process of its
-own, so what it measures is the server's event loop, not the bench's (see bench.loop_latency).
+own, so what it measures is the server's event loop, not the bench's (see bench.loop).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Build a random-weight Llama model folder that mlx-lm (and mlx-serve) can load.
 
     python -m bench.make_model --shape tiny|layers16|1b|8b --out DIR [--tokenizer-from DIR|FILE.gguf|smollm2]
-        [--dtype auto|float32|bfloat16|float16] [--seed 0]
+        [--dtype auto|float32|bfloat16|float16] [--seed 0] [--context 131072]
     python -m bench.make_model --tokenizer-only --out DIR [--tokenizer-from ...]
 
 Shapes follow Llama-3.2-1B and Llama-3.1-8B (vocab 128256 kept for realistic compute even with a
@@ -59,7 +59,9 @@ SHAPES: dict[str, LlamaShape] = {
 }
 
 
-def config_dict(shape: LlamaShape, dtype: str, special_ids: list[int]) -> dict[str, object]:
+def config_dict(
+    shape: LlamaShape, dtype: str, special_ids: list[int], context: int = 131072
+) -> dict[str, object]:
     """A Hugging Face style config.json for `shape`."""
     config: dict[str, object] = {
         "architectures": ["LlamaForCausalLM"],
@@ -67,7 +69,7 @@ def config_dict(shape: LlamaShape, dtype: str, special_ids: list[int]) -> dict[s
         **asdict(shape),
         "head_dim": shape.head_dim,
         "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 131072,
+        "max_position_embeddings": context,
         "attention_bias": False,
         "mlp_bias": False,
         "torch_dtype": dtype,
@@ -201,7 +203,9 @@ def resolve_dtype(name: str) -> str:
     return "bfloat16" if mx.default_device() == mx.gpu else "float32"
 
 
-def make_model(shape_name: str, out: Path, tokenizer_from: str, dtype: str, seed: int) -> Path:
+def make_model(
+    shape_name: str, out: Path, tokenizer_from: str, dtype: str, seed: int, context: int = 131072
+) -> Path:
     """Write config.json, tokenizer files and random weights into `out`; return `out`."""
     import mlx.core as mx
 
@@ -214,7 +218,7 @@ def make_model(shape_name: str, out: Path, tokenizer_from: str, dtype: str, seed
     banned = specials + list(range(n_tokens, shape.vocab_size))
     dtype = resolve_dtype(dtype)
     mx.random.seed(seed)
-    (out / "config.json").write_text(json.dumps(config_dict(shape, dtype, specials), indent=1))
+    (out / "config.json").write_text(json.dumps(config_dict(shape, dtype, specials, context), indent=1))
     write_weights(shape, out, dtype, banned)
     return out
 
@@ -228,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer-from", default="smollm2", help="folder, .gguf file, or 'smollm2'")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--context", type=int, default=131072, help="max_position_embeddings")
     parser.add_argument("--tokenizer-only", action="store_true", help="write only the tokenizer files")
     args = parser.parse_args(argv)
     if args.tokenizer_only:
@@ -237,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.shape is None:
         parser.error("--shape is required (or --tokenizer-only)")
-    out = make_model(args.shape, args.out, args.tokenizer_from, args.dtype, args.seed)
+    out = make_model(args.shape, args.out, args.tokenizer_from, args.dtype, args.seed, args.context)
     size = sum(p.stat().st_size for p in out.glob("*.safetensors"))
     print(f"wrote {out} ({args.shape}, {size / 1e9:.2f} GB of weights)")
 

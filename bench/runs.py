@@ -17,6 +17,7 @@ import httpx
 
 from bench.load import LevelResult, LoadSpec, run_level
 from bench.prompts import PromptBook
+from bench.report import gap_stats
 from bench.servers import (
     REPO_ROOT,
     RunningServer,
@@ -132,12 +133,7 @@ def health_probe(base_url: str) -> Iterator[list[float]]:
 def describe_probes(probes: list[float]) -> str:
     if not probes:
         return "/health not probed"
-    from bench.loop_latency import percentile
-
-    return (
-        f"/health x{len(probes)}: p50 {percentile(probes, 0.5):.1f} ms, p99 {percentile(probes, 0.99):.1f} ms, "
-        f"max {max(probes):.1f} ms"
-    )
+    return f"/health x{len(probes)}: {gap_stats(probes)}"
 
 
 async def why_down(server: RunningServer) -> str | None:
@@ -177,20 +173,20 @@ async def run_server(spec: ServerSpec, plan: LoadPlan, book: PromptBook, log_dir
 
 
 def run_direct(
-    model_dir: Path | None, book: PromptBook, plan: LoadPlan, runs: int, env: dict[str, str]
+    model_dir: Path, book: PromptBook, plan: LoadPlan, runs: int, batch: list[int]
 ) -> dict[str, Any]:
-    """Run bench.direct in a subprocess; returns its JSON, or {'error': ...}. No model: info only."""
+    """Run bench.direct in a subprocess (`stream_generate`, and `batch_generate` at each B of
+    `batch`); returns its JSON, or {'error': ...}."""
     with tempfile.TemporaryDirectory(prefix="bench-direct-") as tmp:
         out = Path(tmp) / "direct.json"
         argv = [sys.executable, "-m", "bench.direct", "--out", str(out)]
-        if model_dir is None:
-            argv.append("--info-only")
-        else:
-            prompts = [book.get(DIRECT_INDEX_BASE + i).messages for i in range(runs + 1)]
-            (Path(tmp) / "prompts.json").write_text(json.dumps(prompts))
-            argv += ["--model", str(model_dir), "--prompts", str(Path(tmp) / "prompts.json")]
-            argv += ["--max-tokens", str(plan.max_tokens), "--runs", str(runs), "--warmup-runs", "1"]
-        done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+        prompts = [book.get(DIRECT_INDEX_BASE + i).messages for i in range(max(runs + 1, *batch, 1))]
+        (Path(tmp) / "prompts.json").write_text(json.dumps(prompts))
+        argv += ["--model", str(model_dir), "--prompts", str(Path(tmp) / "prompts.json")]
+        argv += ["--max-tokens", str(plan.max_tokens), "--runs", str(runs), "--warmup-runs", "1"]
+        if batch:
+            argv += ["--batch", ",".join(map(str, batch))]
+        done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
         if done.returncode != 0 or not out.exists():
             tail = " | ".join(done.stderr.strip().splitlines()[-8:])
             return {"error": f"bench.direct exited {done.returncode}: {tail}"}

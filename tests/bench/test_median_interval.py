@@ -1,11 +1,11 @@
-"""The one-stream benches' 95% interval of a median ratio (bench.single_stream.median_interval)."""
+"""The 95% interval of a median ratio (bench.report.median_interval)."""
 
 from __future__ import annotations
 
 import random
 import statistics
 
-from bench.single_stream import median_interval, rate_line
+from bench.report import median_interval, rate_line
 
 
 def _ratios(n: int, seed: int) -> list[float]:

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from bench.make_model import SHAPES, tensor_shapes
 from bench.prompts import PromptBook, build_prompt
-from bench.serve_compare import describe_blas
 
 
 class WordTokenizer:
@@ -30,12 +29,3 @@ def test_tensor_shapes_of_1b_match_llama_3_2_1b() -> None:
     params = sum(a * (b[0] if b else 1) for a, *b in (dims for dims in names.values()))
     assert abs(params - 1.236e9) / 1.236e9 < 0.01
     assert "lm_head.weight" not in names and names["model.layers.0.self_attn.k_proj.weight"] == (512, 2048)
-
-
-def test_describe_blas_ignores_numpy_and_names_openblas() -> None:
-    libs = [
-        "/x/mlx_cpu.libs/libblas-1.so.3",
-        "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblasp-r0.3.21.so",
-    ]
-    assert describe_blas(libs, []) == "OpenBLAS"
-    assert describe_blas(libs[:1], []) == "bundled reference BLAS (netlib)"
