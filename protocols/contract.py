@@ -26,6 +26,10 @@ class NotFound(ServeError):
     status = 404
 
 
+class ModelNotFound(NotFound):
+    """A model name this server does not serve (OpenAI's error code `model_not_found`)."""
+
+
 class MethodNotAllowed(ServeError):
     status = 405
 

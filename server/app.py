@@ -9,10 +9,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TypeVar
 
+import msgspec
 import orjson
 
 from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
 from engine.host.client import EngineClient, EngineState
+from engine.model.loader import served_id
 from engine.types import Request, SamplingParams
 from engine.validation import Limits, validate_call
 from protocols import anthropic_messages, openai_chat, openai_completions, openai_responses
@@ -23,6 +25,7 @@ from protocols.contract import (
     Job,
     Message,
     MethodNotAllowed,
+    ModelNotFound,
     NotFound,
     ProtocolContext,
     Receive,
@@ -170,7 +173,7 @@ class App:
 
     def names(self) -> ServedNames:
         model = self.engine.model
-        model_id = model.model_id if model else (self.config.model or "")
+        model_id = model.model_id if model else served_id(self.config.model)
         return ServedNames(model_id, self.config.model, tuple(self.config.served_model_name))
 
     def _model_cards(self, scope: Scope) -> list[dict[str, object]]:
@@ -179,8 +182,10 @@ class App:
         model = self.engine.model
         context = model.context_length if model else None
         if _speaks_anthropic(scope):
+            # Claude Code sizes its window (and when it compacts) from max_input_tokens.
+            limits = {"max_input_tokens": context, "max_tokens": context, "lifecycle": "active"}
             return [
-                {"type": "model", "id": n, "display_name": n, "created_at": _iso(self.created)}
+                {"type": "model", "id": n, "display_name": n, "created_at": _iso(self.created), **limits}
                 for n in self.names().listed
             ]
         extra = {"context_length": context, "max_model_len": context, "max_context_length": context}
@@ -200,7 +205,7 @@ class App:
         wanted = scope["path_params"]["model_id"]
         names = self.names()
         if not names.accepts(wanted):
-            raise NotFound(names.refusal(wanted), param="model")
+            raise ModelNotFound(names.refusal(wanted), param="model")
         card = {**self._model_cards(scope)[0], "id": wanted}
         if _speaks_anthropic(scope):
             card["display_name"] = wanted
@@ -215,6 +220,8 @@ class App:
         status, out = await asyncio.to_thread(
             _nesting_bounded, anthropic_messages.count_tokens, body, self.context(scope)
         )
+        if status == 200:  # a model /v1/messages refuses is refused here too
+            self._check_model(msgspec.json.decode(body, type=NamedModel).model or "")
         await send_json(send, status, out)
 
     async def compact(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -283,7 +290,7 @@ class App:
     def _check_model(self, name: str) -> None:
         names = self.names()
         if not names.accepts(name):
-            raise NotFound(names.refusal(name), param="model")
+            raise ModelNotFound(names.refusal(name), param="model")
 
     def context(self, scope: Scope | None = None) -> ProtocolContext:
         model = self.engine.model
@@ -303,6 +310,12 @@ class App:
 
 def _principal(scope: Scope) -> str:
     return str(scope.get(PRINCIPAL_KEY, ""))
+
+
+class NamedModel(msgspec.Struct):
+    """The `model` a request body names, read apart from the rest."""
+
+    model: str | None = None
 
 
 def _speaks_anthropic(scope: Scope) -> bool:
