@@ -183,3 +183,7 @@ class Counters:
     engine_join_steps: int = 0  # steps that carried prompt chunks
     engine_step_seconds: float = 0.0  # wall time inside steps
     engine_join_step_seconds: float = 0.0  # of which in steps that carried prompt chunks
+
+
+# An embeddings input: a text, or the model's own token ids taken as they are.
+EmbedInput = str | list[int]

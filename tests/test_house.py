@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("server", "protocols", "engine")
 # engine's rooms from the bottom up: a room may import its own modules and those of rooms
 # before it. "engine" is the shared vocabulary (types, errors, validation) at the top level.
-ROOM_ORDER = ("engine", "gguf", "text", "tools", "model", "rows", "speculation", "batch", "host")
+ROOM_ORDER = ("engine", "gguf", "text", "tools", "model", "encoder", "rows", "speculation", "batch", "host")
 PACKAGE_ORDER = ("engine", "protocols", "server")
 
 

@@ -5,6 +5,7 @@ hosted in a thread or a child process; the core inside is assembled by engine.ho
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from engine.batch.core import Core
@@ -36,6 +37,15 @@ def tool_call_parsers() -> list[str]:
 def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
     """The engine the server talks to: nothing is loaded until its `start()`."""
     from dataclasses import replace
+
+    from engine.encoder.loader import is_encoder, load_encoder
+
+    if source.model is not None and is_encoder(source.model):  # an embedding model: no KV, no rows
+        from engine.host.encoder import EncoderEngine
+
+        return EncoderEngine(
+            partial(load_encoder, source.model), max_waiting_inputs=settings.max_waiting * 256
+        )
 
     from engine.host.process import ChildPlan, ProcessEngine
     from engine.host.thread import ThreadEngine

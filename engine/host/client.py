@@ -18,11 +18,13 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from engine.batch.admission import MemoryPlan, admit
 from engine.batch.core_parts import Ticket
-from engine.errors import EngineUnavailable, QueueFull, ServeError
+from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
 from engine.model.tokenizer import ChatTokenizer
-from engine.types import Event, Finished, Request
+from engine.types import EmbedInput, Event, Finished, Request
 
 CANCELLED = object()
 
@@ -155,6 +157,15 @@ class ModelInfo:
     model_id: str
     tokenizer: ChatTokenizer
     context_length: int | None = None  # the longest context a request may use (memory plan)
+    dimensions: int | None = None  # an embedding model's vector size; None: a generation model
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """One embeddings call's answer: a float32 vector per input, in order, and the tokens read."""
+
+    vectors: np.ndarray
+    prompt_tokens: int
 
 
 class EngineClient(abc.ABC):
@@ -197,6 +208,15 @@ class EngineClient(abc.ABC):
             await asyncio.sleep(poll_s)
         if self.state is not EngineState.READY:
             raise EngineUnavailable(f"engine is {self.state.value}: {self.error}")
+
+    async def embed(self, inputs: Sequence[EmbedInput], dimensions: int | None = None) -> Embeddings:
+        """Vectors for `inputs` (texts or token ids) from an embedding model's engine."""
+        name = self.model.model_id if self.model else "this model"
+        raise InvalidRequest(
+            f"model '{name}' generates text; it has no embeddings (serve an embedding model, "
+            "e.g. --model all-minilm-l6-v2)",
+            param="model",
+        )
 
     def submit(self, requests: Sequence[Request]) -> RequestStream:
         """Admit a call's requests (one per choice) and start them; refusals raise here."""

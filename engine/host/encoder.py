@@ -1,0 +1,185 @@
+"""An embedding model's engine (`--model all-minilm-l6-v2`): the encoder on a thread of this
+process, behind the same EngineClient the server uses for generation.
+
+Batching by arrival: calls queue as they come; the owner thread takes every call waiting, runs
+their inputs together (sorted by length, cut into forwards by a token budget; engine.encoder),
+and settles each call's future on the loop as soon as the group is done. No KV, no steps: a
+call is one group's work. A call whose group fails is retried alone, so one bad input fails
+only its own call. Generation routes are refused with a 400 naming the model (App.context).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.encoder.model import EncoderModel
+from engine.encoder.pooling import finish
+from engine.encoder.runner import pooled
+from engine.errors import EngineFailed, EngineUnavailable, InvalidRequest, QueueFull, ServeError
+from engine.host.client import Embeddings, EngineClient, EngineState, ModelInfo, RequestStream
+from engine.model.tokenizer import ChatTokenizer
+from engine.types import EmbedInput, Request
+
+log = logging.getLogger("mlx_serve.engine")
+MAX_WAITING_INPUTS = 16384  # inputs queued or running before a call is answered 429
+
+
+@dataclass(slots=True)
+class EmbedCounters:
+    embed_calls: int = 0
+    embed_inputs: int = 0
+    embed_tokens: int = 0
+    embed_groups: int = 0  # times the owner thread took the calls waiting
+    embed_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    rows: list[list[int]]
+    dimensions: int | None
+    future: asyncio.Future[np.ndarray]
+    loop: asyncio.AbstractEventLoop
+
+
+class EncoderEngine(EngineClient):
+    """Owns the encoder and its thread; `embed()` is its one way in."""
+
+    def __init__(
+        self, load: Callable[[], EncoderModel], max_waiting_inputs: int = MAX_WAITING_INPUTS
+    ) -> None:
+        super().__init__(capacity=0)
+        self._load = load
+        self._inbox: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._encoder: EncoderModel | None = None
+        self._waiting = 0
+        self.max_waiting_inputs = max_waiting_inputs
+        self.counters = EmbedCounters()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="mlx-encoder", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.state = EngineState.STOPPED
+
+    async def stats(self) -> dict[str, Any]:
+        return {"restarts": 0, "queued_inputs": self._waiting, **asdict(self.counters)}
+
+    def submit(self, requests: Sequence[Request]) -> RequestStream:
+        name = self._encoder.model_id if self._encoder else "this model"
+        raise InvalidRequest(f"model '{name}' is an embedding model: use POST /v1/embeddings", param="model")
+
+    def _deliver(self, stream: RequestStream) -> None:  # submit() refuses before it
+        raise AssertionError("an encoder engine takes no generation requests")
+
+    async def embed(self, inputs: Sequence[EmbedInput], dimensions: int | None = None) -> Embeddings:
+        encoder = self._encoder
+        if not self.ready or encoder is None:
+            raise EngineUnavailable(f"model is {self.state.value}; try again shortly")
+        encoder.check_dimensions(dimensions)
+        rows = await asyncio.to_thread(encoder.rows, inputs)
+        if self._waiting + len(rows) > self.max_waiting_inputs:
+            raise QueueFull(
+                f"the server has {self._waiting} inputs waiting to be embedded; retry shortly",
+                retry_after_s=1,
+            )
+        loop = asyncio.get_running_loop()
+        call = _Call(rows, dimensions, loop.create_future(), loop)
+        self._waiting += len(rows)
+        try:
+            self._inbox.put(call)
+            vectors = await call.future
+        finally:
+            self._waiting -= len(rows)
+        return Embeddings(vectors, sum(len(r) for r in rows))
+
+    def _main(self) -> None:
+        try:
+            encoder = self._load()
+        except Exception as exc:
+            log.debug("model failed to load", exc_info=True)
+            self.error, self.state = f"cannot load the model: {type(exc).__name__}: {exc}", EngineState.FAILED
+            if self.on_fatal is not None:
+                self.on_fatal(self.error)
+            else:
+                log.error("%s", self.error)
+            return
+        log.info(
+            "embedding model %s: %d dimensions, context %d tokens",
+            encoder.model_id, encoder.dimensions, encoder.context_length,
+        )  # fmt: skip
+        self._encoder = encoder
+        tokenizer = ChatTokenizer(encoder.tokenizer, encoder.context_length, 1)
+        self.model = ModelInfo(encoder.model_id, tokenizer, encoder.context_length, encoder.dimensions)
+        self.state = EngineState.READY
+        self._serve(encoder)
+
+    def _serve(self, encoder: EncoderModel) -> None:
+        while (first := self._inbox.get()) is not None:
+            calls = [first]
+            stopping = False
+            while not stopping:
+                try:
+                    nxt = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                stopping = nxt is None
+                if nxt is not None:
+                    calls.append(nxt)
+            self._run(encoder, calls)
+            if stopping:
+                return
+
+    def _run(self, encoder: EncoderModel, calls: list[_Call]) -> None:
+        started = time.perf_counter()
+        try:
+            vectors = pooled(encoder, [r for c in calls for r in c.rows])
+        except Exception:
+            if len(calls) > 1:  # find the call that broke the group; the others still get answers
+                for call in calls:
+                    self._run(encoder, [call])
+                return
+            log.exception("embedding failed")
+            _settle(calls[0], EngineFailed("the encoder failed on this input; see the server log"))
+            return
+        at = 0
+        for call in calls:
+            part = vectors[at : at + len(call.rows)]
+            at += len(call.rows)
+            _settle(call, finish(part, encoder.dimensions, call.dimensions))
+        c = self.counters
+        c.embed_groups += 1
+        c.embed_calls += len(calls)
+        c.embed_inputs += at
+        c.embed_tokens += sum(len(r) for call in calls for r in call.rows)
+        c.embed_seconds += time.perf_counter() - started
+
+
+def _settle(call: _Call, outcome: np.ndarray | ServeError) -> None:
+    """From the owner thread: hand a call its vectors (or its error) on the loop."""
+    try:
+        call.loop.call_soon_threadsafe(_resolve, call.future, outcome)
+    except RuntimeError:  # the loop has closed (shutdown): nobody is left to read it
+        pass
+
+
+def _resolve(future: asyncio.Future[np.ndarray], outcome: np.ndarray | ServeError) -> None:
+    if future.done():  # the client left and its call was cancelled
+        return
+    if isinstance(outcome, ServeError):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
