@@ -7,13 +7,24 @@ interfaces, and the HTTP-level errors (the engine's own live in engine.errors).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from engine.errors import ServeError
 from engine.model.tokenizer import ChatTokenizer
-from engine.types import Delta, Event, Finished, FinishReason, Request, SamplingParams, TokenLogprob, Usage
+from engine.types import (
+    Delta,
+    EngineTimings,
+    Event,
+    Finished,
+    FinishReason,
+    Request,
+    SamplingParams,
+    TokenLogprob,
+    Usage,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -24,6 +35,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 class NotFound(ServeError):
     status = 404
+
+
+class ModelNotFound(NotFound):
+    """A model name this server does not serve (OpenAI's error code `model_not_found`)."""
 
 
 class MethodNotAllowed(ServeError):
@@ -73,6 +88,9 @@ class ProtocolContext:
     # Who is asking: a digest of the API key the request carried ("" on a server without keys).
     # Stored responses are kept per principal: one key cannot read or continue another's.
     principal: str = ""
+    # The names the model is served under: those listed, and the check of any name.
+    listed: tuple[str, ...] = ()
+    accepts: Callable[[str], bool] | None = None
     # Claude Code's `x-anthropic-billing-header` system block reaches the prompt (--keep-billing-header).
     keep_billing_header: bool = False
 
@@ -85,13 +103,22 @@ class ProtocolContext:
         return max(self.context_length - prompt_tokens, 1)
 
 
+class Framing(enum.Enum):
+    """How the writer frames a stream: server-sent events, or one JSON object a line (Ollama)."""
+
+    SSE = "sse"
+    NDJSON = "ndjson"
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """A parsed API call: the engine request plus how the client wants the answer.
 
     `prompts` holds the prompts after the first when one call asks for several (the legacy
     completions API): each gets `n` choices, in order. `warnings` are `Warning` header values
-    the protocol adds (a tool it cannot offer, a template without tool support).
+    the protocol adds (a tool it cannot offer, a template without tool support). `framing` is
+    how a streamed answer is framed; `answer` a whole body the format gives without running
+    the engine (Ollama's load probe: an empty prompt), sent as is.
     """
 
     request: Request
@@ -101,6 +128,8 @@ class Job:
     n: int = 1
     prompts: tuple[tuple[int, ...], ...] = ()
     warnings: tuple[str, ...] = ()
+    framing: Framing = Framing.SSE
+    answer: bytes | None = None
 
     @property
     def choices(self) -> int:
@@ -125,6 +154,7 @@ class Result:
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    timings: EngineTimings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +173,14 @@ class SseComment:
     text: str
 
 
-Frame = SseEvent | SseComment
+@dataclass(frozen=True, slots=True)
+class JsonLine:
+    """One line of an NDJSON stream: a JSON object, then a newline."""
+
+    data: dict[str, Any]
+
+
+Frame = SseEvent | SseComment | JsonLine
 Frames = list[Frame]
 KEEP_ALIVE = SseComment("keep-alive")
 

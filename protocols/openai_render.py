@@ -20,6 +20,7 @@ from protocols.contract import (
     Frames,
     Job,
     MethodNotAllowed,
+    ModelNotFound,
     NotFound,
     PayloadTooLarge,
     ProtocolContext,
@@ -90,6 +91,8 @@ def _error_kind(exc: ServeError) -> tuple[str, str | None]:
         return "invalid_request_error", "invalid_api_key"
     if isinstance(exc, QueueFull):
         return "requests", "rate_limit_exceeded"
+    if isinstance(exc, ModelNotFound):
+        return "invalid_request_error", "model_not_found"
     if isinstance(exc, InvalidRequest | NotFound | MethodNotAllowed | PayloadTooLarge):
         return "invalid_request_error", None
     return "server_error", None

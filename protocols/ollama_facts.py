@@ -1,0 +1,134 @@
+"""What Ollama clients read about the models before they chat: GET /api/tags, POST /api/show,
+GET /api/ps, GET /api/version, and the embedding routes' answer for a generation model.
+
+Each is a whole answer from the request body and the protocol context, `(status, body)`, with
+errors in Ollama's shape. A name without a tag is listed as `name:latest` (how Ollama spells
+it) and `:latest` is accepted on any name. This server loads its model once and keeps it, so
+/api/ps lists it with no expiry; facts it does not know (file size, digest of the weights) are
+zero or a digest of the name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+import orjson
+from msgspec import Struct
+
+from engine.errors import InvalidRequest, ServeError
+from protocols import openai_common as common
+from protocols.contract import NotFound, ProtocolContext
+from protocols.ollama_render import created_at, error_body
+
+# The Ollama release whose API this server follows (clients gate features on it).
+OLLAMA_VERSION = "0.12.6"
+ARCHITECTURE = "mlx"  # model_info's keys are "<architecture>.<fact>"; clients read context_length so
+NEVER = "9999-12-31T23:59:59Z"
+LATEST = ":latest"
+
+
+class ShowBody(Struct, frozen=True, kw_only=True):
+    model: str = ""
+    name: str = ""  # the older spelling
+    verbose: bool = False
+
+
+SHOW_DECODER = msgspec.json.Decoder(ShowBody)
+
+
+def tagged(name: str) -> str:
+    return name if ":" in name.rsplit("/", 1)[-1] else name + LATEST
+
+
+def _details() -> dict[str, Any]:
+    return {
+        "parent_model": "",
+        "format": "mlx",
+        "family": ARCHITECTURE,
+        "families": [ARCHITECTURE],
+        "parameter_size": "",
+        "quantization_level": "",
+    }
+
+
+def _entry(name: str) -> dict[str, Any]:
+    return {
+        "name": tagged(name),
+        "model": tagged(name),
+        "modified_at": created_at(),
+        "size": 0,
+        "digest": hashlib.sha256(name.encode()).hexdigest(),
+        "details": _details(),
+    }
+
+
+def _names(ctx: ProtocolContext) -> list[str]:
+    return list(ctx.listed) or [ctx.model_id]
+
+
+def tags(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
+    """GET /api/tags: every name the model is served under."""
+    return 200, orjson.dumps({"models": [_entry(n) for n in _names(ctx)]})
+
+
+def ps(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
+    """GET /api/ps: the loaded model, kept for as long as the server runs."""
+    loaded = {
+        **_entry(ctx.model_id),
+        "expires_at": NEVER,
+        "size_vram": 0,
+        "context_length": ctx.context_length,
+    }
+    return 200, orjson.dumps({"models": [loaded]})
+
+
+def version(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
+    return 200, orjson.dumps({"version": OLLAMA_VERSION})
+
+
+def show(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
+    """POST /api/show: the template, context length and capabilities of a served name."""
+    try:
+        req = common.decode(SHOW_DECODER, body)
+        name = req.model or req.name
+        if not name:
+            raise InvalidRequest("`model` is required", param="model")
+        _check_name(name, ctx)
+    except ServeError as exc:
+        return exc.status, error_body(exc)
+    template = str(getattr(ctx.tokenizer.wrapper, "chat_template", None) or "")
+    capabilities = ["completion", "tools"] + (["thinking"] if "<think>" in template else [])
+    info = {
+        "general.architecture": ARCHITECTURE,
+        "general.basename": ctx.model_id,
+        f"{ARCHITECTURE}.context_length": ctx.context_length,
+        f"{ARCHITECTURE}.vocab_size": ctx.tokenizer.vocab_size,
+    }
+    out = {
+        "license": "",
+        "modelfile": f"# served by mlx-serve\nFROM {ctx.model_id}\n",
+        "parameters": "",
+        "template": template,
+        "details": _details(),
+        "model_info": info,
+        "capabilities": capabilities,
+        "modified_at": created_at(),
+    }
+    return 200, orjson.dumps(out)
+
+
+def _check_name(name: str, ctx: ProtocolContext) -> None:
+    bare = name.removesuffix(LATEST)
+    if ctx.accepts is not None and not ctx.accepts(bare):
+        raise NotFound(f"model '{name}' not found", param="model")
+
+
+def embed(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
+    """POST /api/embed and /api/embeddings on a generation model: a 400 that says why."""
+    exc = InvalidRequest(
+        f"model '{ctx.model_id}' is not an embedding model: serve an embedding model for /api/embed",
+        param="model",
+    )
+    return exc.status, error_body(exc)

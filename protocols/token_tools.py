@@ -1,0 +1,140 @@
+"""Token tools: POST /tokenize, /detokenize, /apply-template, and input-token counts in OpenAI's
+shape (POST /v1/responses/input_tokens, /v1/chat/completions/input_tokens).
+
+Both llama.cpp's shapes (`content`, `add_special`, `with_pieces`; `{"tokens": [...]}` back) and
+vLLM's (`prompt` or `messages`, `add_special_tokens`, `return_token_strs`; `count` and
+`max_model_len` back) are read. A chat body is parsed by the chat route's own parser, and an
+input count by its route's, so each count is the `prompt_tokens` a generation with the same
+body reports, exactly. Each function answers `(status, body)`, errors in OpenAI's envelope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import orjson
+from msgspec import Struct
+
+from engine.errors import InvalidRequest, ServeError
+from protocols import openai_chat
+from protocols import openai_common as common
+from protocols.contract import ProtocolContext, WireFormat
+from protocols.openai_render import error_body
+
+Answer = tuple[int, bytes]
+
+
+class TokenizeBody(Struct, frozen=True, kw_only=True):
+    """What /tokenize reads itself; a body with `messages` is read by the chat parser."""
+
+    content: str | None = None  # llama.cpp
+    prompt: str | None = None  # vLLM
+    messages: list[Any] | None = None
+    add_special: bool | None = None  # llama.cpp (default false)
+    add_special_tokens: bool | None = None  # vLLM (default true for text)
+    with_pieces: bool = False
+    return_token_strs: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+class DetokenizeBody(Struct, frozen=True):
+    tokens: list[int]
+
+
+TOKENIZE_DECODER = msgspec.json.Decoder(TokenizeBody)
+DETOKENIZE_DECODER = msgspec.json.Decoder(DetokenizeBody)
+
+
+def answering(
+    fn: Callable[[bytes, ProtocolContext], dict[str, Any]],
+) -> Callable[[bytes, ProtocolContext], Answer]:
+    """`fn`'s body as a 200, or its ServeError in OpenAI's envelope."""
+
+    def answer(body: bytes, ctx: ProtocolContext) -> Answer:
+        try:
+            return 200, orjson.dumps(fn(body, ctx))
+        except ServeError as exc:
+            return exc.status, error_body(exc)
+
+    return answer
+
+
+def _tokenize(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
+    req = common.decode(TOKENIZE_DECODER, body)
+    ids = _chat_ids(req, body, ctx) if req.messages is not None else _text_ids(req, ctx)
+    out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": ctx.context_length}
+    if req.with_pieces:
+        out["tokens"] = [{"id": i, "piece": ctx.tokenizer.decode([i])} for i in ids]
+    if req.return_token_strs:
+        out["token_strs"] = _token_strs(ids, ctx)
+    return out
+
+
+def _chat_ids(req: TokenizeBody, body: bytes, ctx: ProtocolContext) -> list[int]:
+    if not req.add_generation_prompt:
+        raise InvalidRequest("`add_generation_prompt: false` is not supported", param="add_generation_prompt")
+    if req.continue_final_message:
+        raise InvalidRequest("`continue_final_message` is not supported", param="continue_final_message")
+    return list(openai_chat.FORMAT.parse(body, ctx).request.prompt_tokens)
+
+
+def _text_ids(req: TokenizeBody, ctx: ProtocolContext) -> list[int]:
+    if req.content is not None and req.prompt is not None:
+        raise InvalidRequest("give `content` or `prompt`, not both", param="prompt")
+    text = req.content if req.content is not None else req.prompt
+    if text is None:
+        raise InvalidRequest(
+            "give the text as `content` (or `prompt`), or a chat as `messages`", param="content"
+        )
+    # llama.cpp adds no special tokens unless asked; vLLM adds them unless told not to.
+    special = req.add_special if req.add_special is not None else req.add_special_tokens
+    if special is None:
+        special = req.content is None
+    if not text:
+        return []
+    return ctx.tokenizer.encode(text) if special else ctx.tokenizer.encode_continuation(text)
+
+
+def _token_strs(ids: list[int], ctx: ProtocolContext) -> list[str]:
+    convert = getattr(ctx.tokenizer.wrapper, "convert_ids_to_tokens", None)
+    if convert is None:
+        return [ctx.tokenizer.decode([i]) for i in ids]
+    return [str(t) for t in convert(ids)]
+
+
+def _detokenize(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
+    req = common.decode(DETOKENIZE_DECODER, body)
+    vocab = ctx.tokenizer.vocab_size
+    for i, token in enumerate(req.tokens):
+        if not 0 <= token < vocab:
+            raise InvalidRequest(
+                f"token {token} is not a token id of this model (0..{vocab - 1})", param=f"tokens[{i}]"
+            )
+    text = ctx.tokenizer.decode(req.tokens)
+    return {"content": text, "prompt": text}  # llama.cpp's name, vLLM's name
+
+
+def _apply_template(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
+    """The chat body's prompt as text: the very tokens a generation would start from, decoded."""
+    ids = list(openai_chat.FORMAT.parse(body, ctx).request.prompt_tokens)
+    return {"prompt": ctx.tokenizer.decode(ids)}
+
+
+tokenize = answering(_tokenize)
+detokenize = answering(_detokenize)
+apply_template = answering(_apply_template)
+
+
+def input_tokens(fmt: WireFormat, obj: str) -> Callable[[bytes, ProtocolContext], Answer]:
+    """The prompt tokens a `fmt` generation with this body would report, as `{object, input_tokens}`."""
+
+    def count(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
+        return {"object": obj, "input_tokens": len(fmt.parse(body, ctx).request.prompt_tokens)}
+
+    return answering(count)
+
+
+chat_input_tokens = input_tokens(openai_chat.FORMAT, "chat.completion.input_tokens")
