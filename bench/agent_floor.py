@@ -26,12 +26,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def prefill(model: Any, cache: list[Any], tokens: list[int]) -> None:
-    """Run `tokens` through the model into `cache`, in mlx-lm's steps, up to the last logits."""
+    """Run `tokens` into `cache` as mlx-lm's generate does: all but the last in steps that
+    evaluate only the cache, then the last token's logits."""
     import mlx.core as mx
 
-    for start in range(0, len(tokens), PREFILL_STEP):
-        logits = model(mx.array(tokens[start : start + PREFILL_STEP])[None], cache=cache)
-        mx.eval(logits[:, -1, :] if start + PREFILL_STEP >= len(tokens) else [c.state for c in cache])
+    head = tokens[:-1]
+    for start in range(0, len(head), PREFILL_STEP):
+        model(mx.array(head[start : start + PREFILL_STEP])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    mx.eval(model(mx.array(tokens[-1:])[None], cache=cache)[:, -1, :])
 
 
 def timed_prefill(model: Any, cache: list[Any], tokens: list[int]) -> float:

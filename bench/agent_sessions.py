@@ -122,9 +122,10 @@ def build_session(
     ]
     requests = []
     for turn in range(turns):
+        # the turn's new tokens: the model's last reply (after the first turn), then the user's
+        target = templated_tokens(tokenizer, messages) + turn_tokens
         if turn:
             messages.append({"role": "assistant", "content": reply(turn - 1)})
-        target = templated_tokens(tokenizer, messages) + turn_tokens
         messages.append(user_message(tokenizer, messages, turn, target, seed))
         requests.append(AgentRequest(CHAT_ROUTE, chat_body(messages, max_tokens)))
     return requests
