@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> None:
 
     prepare_process(config.blas)
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    if config.log_level != "DEBUG":  # its "Running on ..." line repeats our own greeting
+        logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
+    if config.use_default_chat_template:
+        log.warning("--use-default-chat-template has no effect: the model's own chat template is used")
     if config.shard is not None:
         from engine.host.shard.group import launch_rank
 
@@ -175,12 +179,13 @@ async def serve(config: Config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    log.info("%s", greeting(config))
     gate = connections.ConnectionGate(
         connections.connection_cap(config.max_connections), app, bool(config.certfile)
     )
     try:
-        await connections.serve(app, hc, gate, shutdown_trigger=stop.wait)
+        await connections.serve(
+            app, hc, gate, shutdown_trigger=stop.wait, listening=lambda: log.info("%s", greeting(config))
+        )
     finally:
         if trace is not None:
             trace.close()

@@ -8,13 +8,11 @@ deployment files (server.service); `launch` starts an agent CLI against us (serv
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import sys
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -191,13 +189,12 @@ def doctor(rest: list[str]) -> int:
     from engine.host.build import prepare_process
 
     prepare_process("auto")
-    import mlx.core as mx
-
+    from engine.model.backend import device_name
     from engine.model.blas import blas_in_use
     from engine.model.memory_budget import default_budget, total_ram_bytes
 
     budget = default_budget()
-    print(f"device: {_device_name(mx)}")
+    print(f"device: {device_name()}")
     print(f"mlx {version('mlx')}; BLAS: {blas_in_use()}")
     print(
         f"memory: {total_ram_bytes() / 2**30:.1f} GiB; budget: {budget.nbytes / 2**30:.1f} GiB ({budget.source})"
@@ -205,14 +202,6 @@ def doctor(rest: list[str]) -> int:
     if rest:
         return fit(rest)
     return 0
-
-
-def _device_name(mx: Any) -> str:
-    device = mx.default_device()
-    if device.type == mx.DeviceType.gpu:
-        info = mx.device_info()
-        return f"GPU ({info.get('device_name') or info.get('architecture') or 'unnamed'})"
-    return f"CPU ({os.cpu_count()} cores)"
 
 
 def fit(rest: list[str]) -> int:

@@ -68,6 +68,7 @@ class Config:
     heartbeat_s: float = 15 * SECONDS
     startup_timeout_s: float = 600 * SECONDS
     keep_alive_s: float = 75 * SECONDS
+    ui: bool = True  # the page at / (status view and chat playground); --no-ui: / is 404
     blas: str = "auto"
     engine: str = "process"
     dequantize: str = "auto"
@@ -119,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="OpenAI- and Anthropic-compatible LLM server on MLX (drop-in for mlx_lm.server).",
         allow_abbrev=False,
         argument_default=argparse.SUPPRESS,
+        epilog="commands: mlx-serve serve|pull|ls|rm|ps|doctor|fit|bench|launch|service ... "
+        "(`mlx-serve help` says what each does)",
     )
     a = p.add_argument
     a("--version", action="version", version=f"mlx-serve {package_version()}")
@@ -138,10 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
     a("--top-k", type=int, help="default top-k (0 = off)")
     a("--min-p", type=float, help="default min-p (0.0 = off)")
     a("--max-tokens", type=int, help="default max new tokens (512)")
-    a("--chat-template", help="chat template (Jinja text) replacing the model's")
-    a("--use-default-chat-template", action="store_true", help="use the tokenizer's default template")
+    a("--chat-template", help="chat template replacing the model's: Jinja text, or a path to a .jinja file")
+    a(
+        "--use-default-chat-template",
+        action="store_true",
+        help="accepted for mlx_lm.server compatibility, with no effect: the model's own template "
+        "(or --chat-template) is always used",
+    )
     a("--chat-template-args", type=_json_object, help="JSON object passed to the chat template")
-    a("--log-level", type=str.upper, choices=LOG_LEVELS)
+    a("--log-level", type=str.upper, choices=LOG_LEVELS, help="what the log shows (INFO)")
     a("--trust-remote-code", action="store_true", help="allow code from the model repo")
     a("--allowed-origins", type=_origins, help="comma-separated CORS origins (default: CORS off)")
     a("--decode-concurrency", type=int, help="rows decoded together (default: what memory fits, up to 256)")
@@ -186,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft-kind",
         choices=DRAFT_KINDS,
         help="speculative decoding drafter: ngram (prompt lookup, no second model) or draft "
-        "(--draft-model; implied by it). Default: off",
+        "(--draft-model; implied by it); default: no speculative decoding",
     )
     a(
         "--speculation-gate",
@@ -199,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--shard",
         choices=SHARD_MODES,
         help="serve one model from every rank of an mlx.launch group: tensor (each rank holds a slice "
-        "of every layer) or pipeline (each rank holds some layers). Default: off",
+        "of every layer) or pipeline (each rank holds some layers); default: one process holds the whole model",
     )
     a("--pipeline", action="store_true", help="the same as --shard pipeline (mlx_lm.server's flag)")
     a("--max-body-bytes", type=_parse_size, help="largest request body (32M)")
@@ -250,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, seconds running streams may take to finish before they are ended (30)",
     )
     a("--trace", help="append per-request phase timings to this file as JSON lines")
+    a(
+        "--no-ui",
+        dest="ui",
+        action="store_false",
+        help="do not serve the page at / (live status and a chat playground); / is then 404",
+    )
     return p
 
 

@@ -230,14 +230,20 @@ def loop_exceptions(say: OncePerInterval) -> Callable[[asyncio.AbstractEventLoop
 
 
 async def serve(
-    app: ASGIApp, hc: Any, gate: ConnectionGate, shutdown_trigger: Callable[[], Awaitable[Any]]
+    app: ASGIApp,
+    hc: Any,
+    gate: ConnectionGate,
+    shutdown_trigger: Callable[[], Awaitable[Any]],
+    listening: Callable[[], None] = lambda: None,
 ) -> None:
-    """Hypercorn's `serve`, on listening sockets that hold connections to the gate's cap."""
+    """Hypercorn's `serve`, on listening sockets that hold connections to the gate's cap;
+    `listening` is called once they are bound (a port clash raises before it)."""
     from hypercorn.asyncio.run import worker_serve
     from hypercorn.config import Sockets
     from hypercorn.utils import wrap_app
 
     made = hc.create_sockets()
+    listening()
     sockets = Sockets(
         [CappedSocket.adopt(s, gate) for s in made.secure_sockets],
         [CappedSocket.adopt(s, gate) for s in made.insecure_sockets],

@@ -221,6 +221,7 @@ def describe(loaded: LoadedModel) -> str:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
+    from engine.model.backend import device_name
     from engine.model.blas import blas_in_use
 
     params = cast("list[tuple[str, mx.array]]", tree_flatten(loaded.model.parameters()))
@@ -228,6 +229,6 @@ def describe(loaded: LoadedModel) -> str:
     nbytes = sum(v.nbytes for _, v in params)
     return (
         f"mlx-serve: engine ready: {loaded.model_id}\n"
-        f"  device: {mx.default_device()}  dtypes: {', '.join(dtypes)}  weights: {nbytes / 2**20:.0f} MiB\n"
+        f"  device: {device_name()}  dtypes: {', '.join(dtypes)}  weights: {nbytes / 2**20:.0f} MiB\n"
         f"  BLAS: {blas_in_use()}"
     )

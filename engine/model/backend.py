@@ -20,3 +20,13 @@ CUDNN_ATTENTION = "MLX_CUDA_USE_CUDNN_SDPA"
 def prefer_shape_free_attention() -> None:
     """Off unless already set (a user may set MLX_CUDA_USE_CUDNN_SDPA=1 to keep cuDNN)."""
     os.environ.setdefault(CUDNN_ATTENTION, "0")
+
+
+def device_name() -> str:
+    """The default device as a person reads it: "CPU (N cores)" or "GPU (its name)"."""
+    import mlx.core as mx
+
+    if mx.default_device().type == mx.DeviceType.gpu:
+        info = mx.device_info()
+        return f"GPU ({info.get('device_name') or info.get('architecture') or 'unnamed'})"
+    return f"CPU ({os.cpu_count()} cores)"
