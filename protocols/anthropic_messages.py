@@ -10,7 +10,7 @@ and Claude Code send is honoured or refused by name with a 400; a server tool An
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from protocols.anthropic_request import (
     DocumentBlock,
     ImageBlock,
     InputMessage,
+    MessagesBody,
     PromptBody,
     RedactedThinkingBlock,
     TextBlock,
@@ -55,6 +56,7 @@ from protocols.anthropic_stream import (
     tool_use_id,
     usage_json,
 )
+from protocols.anthropic_threads import ThreadStore, ThreadTurn
 from protocols.contract import Job, ProtocolContext, Result
 from protocols.conversation import TemplateConversation
 
@@ -72,7 +74,6 @@ REFUSED_FIELDS = {
     "container": "`container` (code execution containers)",
     "mcp_servers": "`mcp_servers` (MCP connectors run by the API)",
     "compaction": "`compaction` (server-side summarising)",
-    "thread": "`thread` (server-held conversation state)",
 }
 
 
@@ -91,9 +92,11 @@ class Prompt:
 # --- parse -------------------------------------------------------------------------------------
 
 
-def parse_body(body: bytes, ctx: ProtocolContext) -> MessagesJob:
-    """Decode, validate and render one Messages request; ServeError 400 on any fault."""
+def parse_body(body: bytes, ctx: ProtocolContext, threads: ThreadStore | None = None) -> MessagesJob:
+    """Decode, validate and render one Messages request; ServeError 400 on any fault. With
+    `threads`, a request on a thread gets the thread's conversation (see anthropic_threads)."""
     req = common.decode(MESSAGES_DECODER, body)
+    req, turn = _on_thread(req, threads, ctx)
     prompt = render(req, ctx)
     constraint = _grammar(req, prompt.tools)
     request = Request(
@@ -114,14 +117,30 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> MessagesJob:
         warnings=prompt.warnings + constraint.warnings,
         show_thinking=_display(req.thinking) != "omitted",
         applied_edits=edits,
+        thread=turn,
     )
 
 
-def count_tokens(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
+def _on_thread(
+    req: MessagesBody, threads: ThreadStore | None, ctx: ProtocolContext
+) -> tuple[MessagesBody, ThreadTurn | None]:
+    if threads is None:
+        if req.thread is not None:
+            raise common.unsupported("thread", "`thread` (server-held conversation state)")
+        return req, None
+    full, turn = threads.turn(req, ctx.principal)
+    assert isinstance(full, MessagesBody)
+    return full, turn
+
+
+def count_tokens(body: bytes, ctx: ProtocolContext, threads: ThreadStore | None = None) -> tuple[int, bytes]:
     """POST /v1/messages/count_tokens: (status, JSON body), errors in Anthropic's envelope.
-    With context management, `context_management.original_input_tokens` is the count before."""
+    With context management, `context_management.original_input_tokens` is the count before;
+    a thread's `continue` counts the thread's conversation with the new messages."""
     try:
         req = common.decode(COUNT_DECODER, body)
+        if threads is not None:
+            req, _ = threads.turn(req, ctx.principal)
         prompt = render(req, ctx)
     except ServeError as exc:
         return exc.status, error_body(exc)
@@ -135,6 +154,8 @@ def render(req: PromptBody, ctx: ProtocolContext) -> Prompt:
     """The prompt of a request, after refusing what we cannot honour and applying its context
     management edits."""
     _check_supported(req)
+    if not req.messages:
+        raise InvalidRequest("`messages` must hold at least one message", param="messages")
     tools, warnings = offered_tools(req)
     kwargs = conv.thinking_kwargs(_thinking_enabled(req.thinking))
     # Anthropic's prompt order is tools, system, messages: a system prompt that differs between
@@ -332,22 +353,40 @@ def _own(job: Job) -> MessagesJob:
 
 
 class AnthropicMessages:
-    """The WireFormat of POST /v1/messages."""
+    """The WireFormat of POST /v1/messages; with a ThreadStore, it serves message threads (one
+    instance per App owns it; without one, `thread` is refused by name)."""
+
+    def __init__(self, threads: ThreadStore | None = None) -> None:
+        self.threads = threads
 
     def parse(self, body: bytes, ctx: ProtocolContext) -> MessagesJob:
-        return parse_body(body, ctx)
+        return parse_body(body, ctx, self.threads)
 
     def renderer(self, job: Job, ctx: ProtocolContext) -> MessageStream:
-        return MessageStream(_own(job))
+        own = _own(job)
+        return MessageStream(own, self._keeper(own, ctx))
+
+    def _keeper(
+        self, job: MessagesJob, ctx: ProtocolContext
+    ) -> Callable[[list[dict[str, Any]]], None] | None:
+        """What keeps the reply of a turn on a thread (None: the turn is on none)."""
+        threads, turn = self.threads, job.thread
+        if threads is None or turn is None:
+            return None
+        return lambda reply: threads.keep(job.request.id, turn, reply, ctx.principal)
 
     def to_json(self, job: Job, results: list[Result], ctx: ProtocolContext) -> bytes:
-        return orjson.dumps(message_json(_own(job), results[0]))
+        own = _own(job)
+        message = message_json(own, results[0])
+        if (keep := self._keeper(own, ctx)) is not None:
+            keep(message["content"])
+        return orjson.dumps(message)
 
     def error_body(self, exc: ServeError) -> bytes:
         return error_body(exc)
 
     def count_tokens(self, body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
-        return count_tokens(body, ctx)
+        return count_tokens(body, ctx, self.threads)
 
 
 FORMAT = AnthropicMessages()

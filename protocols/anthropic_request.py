@@ -223,11 +223,22 @@ class ContextManagement(Struct, frozen=True):
     edits: list[Edit] = []
 
 
+class ThreadCreate(Struct, frozen=True, tag_field="type", tag="create"):
+    """Keep this conversation server-side under the reply's id (see anthropic_threads)."""
+
+
+class ThreadContinue(Struct, frozen=True, tag_field="type", tag="continue"):
+    """Continue the thread whose latest reply is `previous_message_id`: only new messages come."""
+
+    previous_message_id: Annotated[str, Meta(min_length=1)]
+
+
 class PromptBody(Struct, frozen=True, kw_only=True):
     """What renders the prompt: the body of POST /v1/messages/count_tokens."""
 
     model: str
-    messages: Annotated[list[InputMessage], Meta(min_length=1)]
+    # A thread's `continue` may send none (the server holds the turn); render() then needs some.
+    messages: list[InputMessage]
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
@@ -239,7 +250,7 @@ class PromptBody(Struct, frozen=True, kw_only=True):
     container: Any = None
     mcp_servers: Any = None
     compaction: Any = None
-    thread: Any = None
+    thread: ThreadCreate | ThreadContinue | None = None
 
 
 class MessagesBody(PromptBody, frozen=True, kw_only=True):

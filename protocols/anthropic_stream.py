@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from engine.types import (
     Usage,
 )
 from protocols import openai_render as render
+from protocols.anthropic_threads import ThreadTurn
 from protocols.contract import Frame, Frames, Job, Result, SseEvent, ToolCall
 
 TOOL_ID_PREFIX = "toolu_"
@@ -48,6 +50,7 @@ class MessagesJob(Job):
 
     show_thinking: bool = True
     applied_edits: tuple[dict[str, Any], ...] | None = None
+    thread: ThreadTurn | None = None  # a turn on a message thread, kept once answered
 
     def context_management(self) -> dict[str, Any]:
         """The response's `context_management` field, when the request had one."""
@@ -119,7 +122,11 @@ def message_json(job: MessagesJob, result: Result) -> dict[str, Any]:
 def error_json(exc: ServeError) -> dict[str, Any]:
     """Anthropic's error envelope; the status code comes from `exc.status`."""
     kind = _ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+    error: dict[str, Any] = {"type": kind, "message": exc.message}
+    details = getattr(exc, "details", None)  # what the SDK branches on (a thread's error_code)
+    if isinstance(details, dict):
+        error["details"] = details
+    return {"type": "error", "error": error}
 
 
 def error_body(exc: ServeError) -> bytes:
@@ -134,11 +141,16 @@ class MessageStream:
     block is open at a time.
     """
 
-    def __init__(self, job: MessagesJob) -> None:
+    def __init__(
+        self, job: MessagesJob, on_reply: Callable[[list[dict[str, Any]]], None] | None = None
+    ) -> None:
         self._job = job
         self._index = -1
         self._open: str | None = None
         self._tool_blocks: dict[int, int] = {}
+        # The reply's blocks as the non-streamed message holds them, for `on_reply` at the end.
+        self._on_reply = on_reply
+        self._reply: list[dict[str, Any]] = []
 
     def start(self) -> Frames:
         usage = usage_json(Usage(len(self._job.request.prompt_tokens), 0))
@@ -183,9 +195,13 @@ class MessageStream:
         out = self._close()
         self._index += 1
         self._open = kind
+        if self._on_reply is not None:
+            self._reply.append(dict(block))
         return [*out, _event("content_block_start", index=self._index, content_block=block)]
 
     def _delta(self, index: int, delta: dict[str, Any]) -> SseEvent:
+        if self._on_reply is not None:
+            _grow(self._reply[index], delta)
         return _event("content_block_delta", index=index, delta=delta)
 
     def _close(self) -> Frames:
@@ -195,6 +211,8 @@ class MessageStream:
         return [_event("content_block_stop", index=self._index)]
 
     def finish(self, event: Finished, index: int = 0) -> Frames:
+        if self._on_reply is not None:
+            self._on_reply([_settled(block) for block in self._reply])
         delta = {
             "stop_reason": stop_reason(event.reason, event.stop_sequence),
             "stop_sequence": event.stop_sequence,
@@ -212,6 +230,24 @@ class MessageStream:
 
     def heartbeat(self) -> Frame:
         return _event("ping")
+
+
+def _grow(block: dict[str, Any], delta: dict[str, Any]) -> None:
+    kind = delta["type"]
+    if kind == "text_delta":
+        block["text"] += delta["text"]
+    elif kind == "thinking_delta":
+        block["thinking"] += delta["thinking"]
+    else:
+        block["arguments"] = block.get("arguments", "") + delta["partial_json"]
+
+
+def _settled(block: dict[str, Any]) -> dict[str, Any]:
+    """A streamed block as the whole message holds it (a tool's input parsed)."""
+    if block["type"] != "tool_use":
+        return block
+    call = ToolCall(block["id"], block["name"], block.get("arguments", ""))
+    return {"type": "tool_use", "id": block["id"], "name": block["name"], "input": _tool_input(call)}
 
 
 def _event(kind: str, **payload: Any) -> SseEvent:

@@ -27,6 +27,7 @@ from protocols import (
     openai_responses,
     token_tools,
 )
+from protocols.anthropic_threads import ThreadStore
 from protocols.contract import (
     Defaults,
     ErrorFormat,
@@ -76,6 +77,7 @@ class App:
         self._ctx: ProtocolContext | None = None
         self._limits = Limits(0)
         self.responses = openai_responses.OpenAIResponses(openai_responses.ResponsesStore())
+        self.messages = anthropic_messages.AnthropicMessages(ThreadStore())
         self.table = RouteTable(self._routes(), OPENAI_ERRORS)
 
     def _routes(self) -> list[Route]:
@@ -94,7 +96,7 @@ class App:
             Route("POST", "/completions", gen(openai_completions.FORMAT, COMPLETION_NAMES), oa),
             Route("POST", "/v1/embeddings", self.embeddings, oa),
             Route("POST", "/embeddings", self.embeddings, oa),
-            Route("POST", "/v1/messages", gen(anthropic_messages.FORMAT, MESSAGES_NAMES), an),
+            Route("POST", "/v1/messages", gen(self.messages, MESSAGES_NAMES), an),
             Route("POST", "/v1/messages/count_tokens", self.count_tokens, an),
             Route("POST", "/v1/responses", gen(self.responses, RESPONSES_NAMES), oa),
             Route("POST", "/v1/responses/compact", self.compact, oa),
@@ -255,7 +257,7 @@ class App:
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._read_body(scope, receive)
         status, out = await asyncio.to_thread(
-            _nesting_bounded, anthropic_messages.count_tokens, body, self.context(scope)
+            _nesting_bounded, self.messages.count_tokens, body, self.context(scope)
         )
         if status == 200:  # a model /v1/messages refuses is refused here too
             self._check_model(msgspec.json.decode(body, type=NamedModel).model or "")

@@ -7,10 +7,12 @@ chat endpoint's prompt_tokens).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anthropic
 import httpx
+import httpx2
 import openai
 import pytest
 
@@ -216,3 +218,45 @@ def test_errors_use_anthropic_envelope(client: anthropic.Anthropic, smollm_serve
 def test_disconnect_mid_stream_stops_generation(smollm_server: ServerProcess) -> None:
     body = {"model": "m", "messages": STORY, "max_tokens": 2000, "stream": True}
     assert_disconnect_stops_generation(smollm_server, "/v1/messages", body, 12)
+
+
+def test_the_sdks_tool_runner_runs_on_a_server_held_thread(
+    client: anthropic.Anthropic, smollm_server: ServerProcess
+) -> None:
+    """tool_runner sends `thread: create`, then only each tool result with `thread: continue`."""
+    cities: list[str] = []
+    bodies: list[dict[str, Any]] = []
+
+    @anthropic.beta_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city.
+
+        Args:
+            city: the city's name
+        """
+        cities.append(city)
+        return f"Sunny in {city}."
+
+    def seen(request: httpx2.Request) -> None:
+        bodies.append(json.loads(request.content))
+
+    watched = client.with_options(http_client=httpx2.Client(event_hooks={"request": [seen]}))
+    runner = watched.beta.messages.tool_runner(
+        model="m",
+        max_tokens=40,
+        max_iterations=2,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[get_weather],
+        tool_choice={"type": "tool", "name": "get_weather"},  # SmolLM2 calls tools when made to
+    )
+    replies = list(runner)
+    assert len(replies) == 2 and all(r.stop_reason == "tool_use" for r in replies)
+    assert len(cities) == 2  # both turns' calls ran
+    assert [b["thread"]["type"] for b in bodies] == ["create", "continue"]
+    assert bodies[1]["thread"]["previous_message_id"] == replies[0].id
+    # The second request carried only the tool result: the server held the rest.
+    [only] = bodies[1]["messages"]
+    assert only["role"] == "user" and only["content"][0]["type"] == "tool_result"
+    assert "tools" not in bodies[1] and "system" not in bodies[1]
+    held = replies[1].usage.input_tokens + (replies[1].usage.cache_read_input_tokens or 0)
+    assert held > replies[0].usage.input_tokens + (replies[0].usage.cache_read_input_tokens or 0)
