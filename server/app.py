@@ -51,6 +51,8 @@ from server.connections import OVER_CAPACITY, ConnectionLimit
 from server.metrics import Metrics
 from server.names import ServedNames
 from server.observe import record_of
+from server.page import Page
+from server.recent import RecentRequests
 from server.routes import Fit, RouteTable
 from server.writer import collect, header_value, send_json, stream_sse, warning_headers
 
@@ -78,6 +80,8 @@ class App:
         self._limits = Limits(0)
         self.responses = openai_responses.OpenAIResponses(openai_responses.ResponsesStore())
         self.messages = anthropic_messages.AnthropicMessages(ThreadStore())
+        self.recent = RecentRequests()
+        self.page = Page() if config.ui else None
         self.table = RouteTable(self._routes(), OPENAI_ERRORS)
 
     def _routes(self) -> list[Route]:
@@ -88,6 +92,8 @@ class App:
             Route("GET", "/health", self.health, oa, open=health_open, probe=True),
             Route("GET", "/metrics", self.metrics_text, oa, open=metrics_open, probe=True),
             Route("GET", "/stats", self.stats, oa, open=metrics_open),
+            Route("GET", "/stats/recent", self.recent.handle, oa, probe=True),
+            *(self.page.routes(oa) if self.page else []),
             Route("GET", "/v1/models", self.models, oa),
             Route("GET", "/v1/models/{model_id}", self.model_one, oa),
             Route("POST", "/v1/chat/completions", gen(openai_chat.FORMAT, CHAT_NAMES), oa),

@@ -100,7 +100,7 @@ def test_auth_health_and_metrics_open_by_default_and_closable() -> None:
     assert request("/health", [(b"x-api-key", KEY.encode())], protect_health=True).status == 200
     engine, _ = fake_engine(["a"])
     open_routes = {r.path for r in App(Config(), engine).table.routes if r.open}
-    assert open_routes == {"/health", "/metrics", "/stats"}
+    assert open_routes == {"/health", "/metrics", "/stats", "/", "/ui/{name}"}  # the page loads without a key
 
 
 def test_auth_cors_preflight_passes_without_key() -> None:
