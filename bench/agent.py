@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,12 +85,12 @@ async def one_server(
     return ServerRun(results[: len(a)], results[len(a)] if b else None, restarted[0])
 
 
-def median_ms(results: list[TurnResult | None]) -> float | None:
+def median_ms(results: Sequence[TurnResult | None]) -> float | None:
     times = [r.ttft_s * 1000 for r in results if r is not None and r.ttft_s is not None]
     return statistics.median(times) if times else None
 
 
-def median_cached(results: list[TurnResult | None]) -> float | None:
+def median_cached(results: Sequence[TurnResult | None]) -> float | None:
     counts = [r.cached_tokens for r in results if r is not None and r.cached_tokens is not None]
     return statistics.median(counts) if counts else None
 

@@ -55,7 +55,7 @@ def prefill_floor(model_dir: Path, bodies: list[dict[str, Any]]) -> dict[str, An
     model, tokenizer = load_as_served(model_dir)
     prompts = [list(tokenizer.apply_chat_template(b["messages"], add_generation_prompt=True)) for b in bodies]
     timed_prefill(model, make_prompt_cache(model), prompts[0][:256])  # compile the shapes once
-    cache, held = make_prompt_cache(model), []
+    cache, held = make_prompt_cache(model), list[int]()
     out: dict[str, Any] = {"prompt_tokens": [], "new_tokens": [], "turn_s": []}
     for prompt in prompts:
         keep = min(common_prefix(held, prompt), len(prompt) - 1)

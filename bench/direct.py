@@ -94,7 +94,7 @@ def run_batched(
     out: dict[str, Any] = {}
     for b in sizes:
         batch = [token_lists[i % len(token_lists)] for i in range(b)]
-        kwargs = {"completion_batch_size": b, "prefill_batch_size": min(b, 8)}
+        kwargs: dict[str, Any] = {"completion_batch_size": b, "prefill_batch_size": min(b, 8)}
         batch_generate(model, tokenizer, batch, max_tokens=max_tokens, **kwargs)
         tps = []
         for _ in range(runs):

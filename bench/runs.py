@@ -29,6 +29,7 @@ from bench.servers import (
     start_server,
     stop_server,
     wait_healthy,
+    wait_warmed,
 )
 
 LEVEL_INDEX_STRIDE = 1_000_000
@@ -159,6 +160,7 @@ async def run_server(spec: ServerSpec, plan: LoadPlan, book: PromptBook, log_dir
     print(f"started {spec.name}: {' '.join(server.argv)} (log {outcome.log_path})", flush=True)
     try:
         await wait_healthy(server, plan.startup_timeout_s)
+        await wait_warmed(server, plan.startup_timeout_s)
         outcome.startup_s = server.startup_s
         outcome.blas_libs = loaded_blas_libs(server.process.pid)
         outcome.blas_banner = blas_banner(outcome.log_path)
