@@ -16,7 +16,7 @@ On a CPU it does nothing: MLX's CPU backend compiles no kernel per shape; it bui
 fused kernels (mx.compile'd activations) with the system C++ compiler the first time a process
 meets each one and keeps them on disk ($TMPDIR/mlx/<version>/cpu). A fresh machine's first
 request pays that once (SmolLM2: one kernel, ~0.6 s on a 2-core x86 box), and a fresh server's
-first 16-client burst there measured 1.39-1.64x the warmed TTFT p95 (bench/item3_burst.sh), inside
+first 16-client burst there measured 1.39-1.64x the warmed TTFT p95 (docs/performance.md), inside
 issue 19's 2x; warming it before ready would cost every start-up a forward pass instead.
 """
 
