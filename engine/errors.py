@@ -41,3 +41,18 @@ class EngineFailed(ServeError):
     """The engine broke while serving this request."""
 
     status = 500
+
+
+def grammar_message(message: object) -> str:
+    """llguidance's complaint without its parser-state dump or a Rust panic's backtrace, and
+    short enough for one line of an error body or a log."""
+    text = str(message or "the grammar failed")
+    for cut in ("<state>", "<backtrace>", "stack backtrace:", "note: run with"):
+        text = text.split(cut, 1)[0]
+    text = " ".join(text.split())
+    if text == "NoExtensionBias":
+        text = "no text can match it"
+    return text if len(text) <= MAX_GRAMMAR_MESSAGE else text[: MAX_GRAMMAR_MESSAGE - 3] + "..."
+
+
+MAX_GRAMMAR_MESSAGE = 300

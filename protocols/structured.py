@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from llguidance import LLMatcher, grammar_from
 
-from engine.errors import InvalidRequest
+from engine.errors import InvalidRequest, grammar_message
 from engine.tools.formats import HERMES
 from protocols.conversation import warning
 
@@ -34,11 +34,26 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
+# Checked before anything is compiled: llguidance's validation grows faster than linearly with
+# an alternation's width, and one parser row holds at most 2,000 items (a wider choice fails a
+# token into the answer), so a 100,000-item choice is refused unread, not compiled for minutes.
+MAX_CHOICE_ITEMS = 1000
+MAX_GRAMMAR_CHARS = 256 * 1024  # a regex, grammar, choice list or JSON schema, as text
+
+
+def bounded(text: str, param: str, what: str) -> str:
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise InvalidRequest(
+            f"the {what} is {len(text)} characters; at most {MAX_GRAMMAR_CHARS} are taken", param=param
+        )
+    return text
+
+
 def checked(grammar: str, param: str, what: str) -> str:
     """The grammar itself, once llguidance has compiled it; its complaint is a 400."""
     error = LLMatcher.validate_grammar(grammar)
     if error:
-        raise InvalidRequest(f"invalid {what}: {error.strip()}", param=param)
+        raise InvalidRequest(f"invalid {what}: {grammar_message(error)}", param=param)
     return grammar
 
 
@@ -56,17 +71,23 @@ def json_schema(schema: Any, param: str) -> str:
         raise InvalidRequest("a JSON schema must be an object", param=param)
     # A boolean schema goes as its JSON text: the same grammar, and the type llguidance declares.
     text = schema if isinstance(schema, dict) else json.dumps(schema)
+    bounded(json.dumps(schema), param, "JSON schema")
     return checked(LLMatcher.grammar_from_json_schema(text, defaults=JSON_STYLE), param, "JSON schema")
 
 
 def regex(pattern: str, param: str) -> str:
-    return checked(LLMatcher.grammar_from_regex(pattern), param, "regex")
+    return checked(LLMatcher.grammar_from_regex(bounded(pattern, param, "regex")), param, "regex")
 
 
 def choice(options: Sequence[str], param: str) -> str:
     """Exactly one of `options`, verbatim."""
     if not options or not all(isinstance(o, str) for o in options):
         raise InvalidRequest("a choice needs a non-empty list of strings", param=param)
+    if len(options) > MAX_CHOICE_ITEMS:
+        raise InvalidRequest(
+            f"a choice of {len(options)} options; at most {MAX_CHOICE_ITEMS} are taken", param=param
+        )
+    bounded("".join(options), param, "choice list")
     return checked(
         LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, options))), param, "choice"
     )
@@ -74,6 +95,7 @@ def choice(options: Sequence[str], param: str) -> str:
 
 def grammar(text: str, param: str) -> str:
     """A Lark grammar (llguidance's dialect) or a GBNF one, as vLLM's guided_grammar takes."""
+    bounded(text, param, "grammar")
     try:
         compiled = grammar_from("grammar", text)
     except ValueError as exc:

@@ -23,6 +23,7 @@ import numpy as np
 from engine.batch.admission import MemoryPlan, admit
 from engine.batch.core_parts import Ticket
 from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
+from engine.host.grammar_check import GrammarChecks
 from engine.model.tokenizer import ChatTokenizer
 from engine.types import EmbedInput, Event, Finished, Request
 
@@ -231,6 +232,18 @@ class EngineClient(abc.ABC):
         )
         self._deliver(stream)
         return stream
+
+    _grammars: GrammarChecks | None = None
+
+    async def check_grammars(self, requests: Sequence[Request]) -> None:
+        """A 400 for a grammar this model's vocabulary cannot follow, before admission (see
+        engine.host.grammar_check); nothing for requests without one."""
+        grammars = {r.grammar for r in requests if r.grammar is not None}
+        if not grammars or self.model is None:
+            return
+        if self._grammars is None:
+            self._grammars = GrammarChecks(self.model.tokenizer.wrapper)
+        await self._grammars.check(grammars)
 
     def _loaded(self, model_id: str, tokenizer: Any, plan: MemoryPlan | None, span: int) -> None:
         """Record what was loaded: the facts for the protocols and the plan for admission.

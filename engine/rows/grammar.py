@@ -10,7 +10,6 @@ row ends with `stop`.
 from __future__ import annotations
 
 import json
-import logging
 from copy import copy
 from typing import TYPE_CHECKING, Any, cast
 
@@ -18,13 +17,13 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
-from engine.errors import InvalidRequest
+from engine.errors import EngineFailed, InvalidRequest, grammar_message
 from engine.model.mlx_boundary import Tokenizer, async_eval
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-log = logging.getLogger("mlx_serve.engine")
+DRY_RUN_STEPS = 3  # tokens a grammar is walked before a row follows it
 
 
 class GrammarTokenizer:
@@ -40,8 +39,32 @@ class GrammarTokenizer:
         """A fresh matcher for one row; a grammar llguidance refuses is an InvalidRequest."""
         matcher = llguidance.LLMatcher(self.ll, grammar, log_level=0)
         if matcher.is_error():
-            raise InvalidRequest(f"invalid grammar: {matcher.get_error()}", param="grammar")
+            raise InvalidRequest(f"invalid grammar: {grammar_message(matcher.get_error())}", param="grammar")
         return Constraint(matcher, self.ll.vocab_size)
+
+    def dry_run(self, grammar: str, steps: int = DRY_RUN_STEPS) -> str | None:
+        """Why `grammar` cannot be followed with this vocabulary, or None: it is walked for a few
+        tokens (the first one allowed at each step) as a row would be. A grammar that matches
+        nothing (`start: start`, a `$ref` cycle), one past llguidance's lexer limits or one
+        whose alternation is wider than a parser row can hold fails here, not mid-answer."""
+        matcher = llguidance.LLMatcher(self.ll, grammar, log_level=0)
+        constraint = Constraint(matcher, self.ll.vocab_size)
+        for _ in range(steps):
+            if matcher.is_error() or matcher.is_stopped():
+                break
+            allowed = constraint.allowed()
+            if matcher.is_error():
+                break
+            ids = np.flatnonzero(allowed)
+            if ids.size == 0:
+                return "no text can follow it"
+            if not matcher.consume_token(int(ids[0])):
+                break
+        return grammar_message(matcher.get_error()) if matcher.is_error() else None
+
+
+class GrammarFailed(EngineFailed):
+    """A row's grammar failed while it was decoding: the answer cannot honour it."""
 
 
 class Constraint:
@@ -61,12 +84,16 @@ class Constraint:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         # int() waits for the previous step's sampling only. A refused token (it cannot come
-        # from the masked logits) leaves the matcher failed, and a failed matcher allows only EOS.
+        # from the masked logits) or a parser past its limits fails the row (GrammarFailed, an
+        # error to the client), never a normal stop with text the grammar did not finish.
         if self._started and not self.consume(int(tokens[-1])):
-            log.warning("a grammar refused a sampled token; the row ends: %s", self.error)
+            raise GrammarFailed(f"the grammar failed during decoding: {grammar_message(self.error)}")
         self._started = True
         async_eval(logits)  # this step's forward runs while the CPU computes the mask
-        return self.apply(logits)
+        masked = self.apply(logits)
+        if self.matcher.is_error():
+            raise GrammarFailed(f"the grammar failed during decoding: {grammar_message(self.error)}")
+        return masked
 
     def consume(self, token: int) -> bool:
         """Advance past a sampled token; False if the grammar does not allow it."""
