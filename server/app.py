@@ -331,7 +331,6 @@ class App:
         ctx = self.context(scope)
         # Decoding, templating, tokenizing and validating are CPU work: off the event loop.
         job, requests = await asyncio.to_thread(self._parse, fmt, names, body, ctx)
-        record_of(scope).fields += job.log_fields
         self._check_model(job.model)
         await self.engine.check_grammars(requests)
         if job.answer is not None:
