@@ -10,9 +10,10 @@ then takes the longest common prefix among the children of the last block found 
 plain KV caches can be trimmed), and copies the run into one KV cache per layer for the row
 (MLX has no paged attention). Eviction drops blocks one at a time, least recently used first,
 and only blocks no cached block descends from (a chain is used from its root to its end, and
-is touched end first, so its ancestors are the more recent). An evicted full block goes to the
-disk tier (engine.batch.disk_tier) when there is one, and a lookup continues into it where
-memory ends.
+is touched end first, so its ancestors are the more recent). With a disk tier
+(engine.batch.disk_tier) every full block is also written there, a step after it is stored (its
+copy is done by then) or when it is evicted, so a restart finds it; a lookup continues into the
+disk tier where memory ends.
 
 Room: the store's byte limit is the least of --prompt-cache-bytes and the KV memory the running
 rows do not hold (`fit`, told each step the slots the scheduler has reserved), so a row that
@@ -82,6 +83,7 @@ class BlockStore:
         self._lru: OrderedDict[bytes, Block] = OrderedDict()  # least recently used first
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # keys of blocks evicted once
         self._nbytes = 0
+        self._unwritten: list[Block] = []  # full blocks stored since the last step, for the disk tier
         self.last: Found = Found(None, 0)
 
     @property
@@ -96,7 +98,15 @@ class BlockStore:
     def fit(self, free_bytes: int) -> None:
         """The KV memory running rows leave free: the store keeps to it (and to max_bytes)."""
         self.limit_bytes = max(0, min(self.max_bytes, free_bytes))
+        self._write_through()
         self._evict()
+
+    def _write_through(self) -> None:
+        """Blocks stored before this step (their copies evaluated by now) to the disk tier."""
+        blocks, self._unwritten = self._unwritten, []
+        if self.disk is not None:
+            for block in blocks:
+                self.disk.put(block.key, block.parent_key, block.tokens, block.keys, block.values, held=True)
 
     def _evict(self) -> None:
         while self._nbytes > self.limit_bytes and self._lru:
@@ -104,6 +114,12 @@ class BlockStore:
             if victim is None:
                 return
             self._drop(victim, spill=True)
+
+    def close(self) -> None:
+        """Write what the disk tier lacks, and wait for it (a clean stop)."""
+        if self.disk is not None:
+            self._write_through()
+            self.disk.close()
 
     def _drop(self, block: Block, spill: bool) -> None:
         del self._lru[block.key]
@@ -116,7 +132,7 @@ class BlockStore:
             if len(self._seen) > SEEN_KEYS:
                 self._seen.popitem(last=False)
         if spill and full and self.disk is not None:
-            self.disk.put(block.key, block.parent_key, block.tokens, block.keys, block.values)
+            self.disk.put(block.key, block.parent_key, block.tokens, block.keys, block.values, held=False)
 
     def _touch(self, block: Block | None) -> None:
         """A chain's use, end first: its ancestors become the more recent, so leaves go first."""
@@ -131,6 +147,7 @@ class BlockStore:
         least one prompt token is left to compute (the first sampled token needs its logits).
         The whole answer (disk share, miss kind) stays in `last`."""
         self.stats.lookups += 1
+        self._write_through()
         limit = len(tokens) - 1
         run, n, from_disk = self._walk(tuple(tokens), limit)
         miss = self._miss(tuple(tokens), n, limit)
@@ -219,6 +236,8 @@ class BlockStore:
                 values = [mx.contiguous(v[..., start : start + len(part), :]) for _, v in states]
                 block = self._add(block_key(last.key if last else ROOT_KEY, part), last, part, keys, values)
                 new.extend(keys + values)
+                if len(part) == b and self.disk is not None:
+                    self._unwritten.append(block)
             last = block
         self._touch(last)
         return new

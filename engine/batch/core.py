@@ -43,6 +43,7 @@ class Core(RequestLifecycle):
     # Told the KV slots the running rows hold, each step: the prefix cache keeps to the rest
     # (a row that needs KV memory evicts cache, never waits on it). None: a fixed cap.
     prefix_room: Callable[[int], None] | None = None
+    on_stop: Callable[[], None] | None = None  # when serve returns: the prefix cache's last disk writes
     _last_step = 0.0
 
     def serve(
@@ -61,6 +62,8 @@ class Core(RequestLifecycle):
                 except queue.Empty:
                     break
                 if item is None:
+                    if self.on_stop is not None:
+                        self.on_stop()
                     return
                 if self.idle_work is not None:
                     self.idle_work.pause()  # what a part under way holds is freed for the request

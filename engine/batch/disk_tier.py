@@ -106,13 +106,20 @@ class DiskTier:
     # -- write ------------------------------------------------------------------------
 
     def put(
-        self, key: bytes, parent: bytes, tokens: tuple[int, ...], keys: list[mx.array], values: list[mx.array]
+        self,
+        key: bytes,
+        parent: bytes,
+        tokens: tuple[int, ...],
+        keys: list[mx.array],
+        values: list[mx.array],
+        held: bool,
     ) -> None:
-        """Queue an evicted full block for writing (skipped when the tier is off or behind)."""
+        """Queue a full block for writing. One memory still `held` costs no memory to queue; an
+        evicted one is skipped when the writer is MAX_PENDING_BYTES behind."""
         nbytes = sum(a.nbytes for a in keys) + sum(a.nbytes for a in values)
         if not self.enabled or key in self._index or key in self._pending:
             return
-        if self._pending_bytes + nbytes > MAX_PENDING_BYTES:
+        if not held and self._pending_bytes + nbytes > MAX_PENDING_BYTES:
             return
         arrays = {f"k{i}": k for i, k in enumerate(keys)} | {f"v{i}": v for i, v in enumerate(values)}
         mx.eval(list(arrays.values()))

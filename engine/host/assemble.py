@@ -101,6 +101,8 @@ def make_core(
     core.memory_plan = plan
     if isinstance(prefix, BlockStore) and shard is None:  # ranks keep a fixed cap, evicting alike
         core.prefix_room = CacheRoom(prefix, plan)
+    if isinstance(prefix, BlockStore):
+        core.on_stop = prefix.close
     if settings.warmup and shard is None:  # a sharded group's ranks would have to warm up in step
         from engine.host.warmup import warm_up
 

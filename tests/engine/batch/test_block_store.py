@@ -174,6 +174,19 @@ def test_evicted_blocks_spill_to_disk_and_serve_after_a_restart(tmp_path: Path) 
     assert again.lookup((*a[:12], 50))[1] == 12 and again.last.from_disk == 0  # back in memory
 
 
+def test_stored_blocks_are_written_through_a_step_later_so_a_restart_finds_them(tmp_path: Path) -> None:
+    s = BlockStore(max_bytes=1 << 30, block_tokens=B, disk=DiskTier(tmp_path, 1 << 30))
+    a = list(range(1, 10))
+    store(s, a)
+    s.fit(1 << 30)  # the next step: nothing is evicted, the full blocks go to disk all the same
+    s.close()
+    assert len(list(tmp_path.glob("*.safetensors"))) == 2
+    again = BlockStore(max_bytes=1 << 30, block_tokens=B, disk=DiskTier(tmp_path, 1 << 30))
+    found, n = again.lookup(tuple(a))
+    assert n == 8 and again.last.from_disk == 8
+    expect(found, a[:8])
+
+
 def test_the_disk_tier_keeps_to_its_cap_oldest_first(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path, 1 << 30)
     s = BlockStore(max_bytes=1 << 30, block_tokens=B, disk=tier)
