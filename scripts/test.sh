@@ -7,7 +7,7 @@ PY=${PYTHON:-python3}
 
 if command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
-  pkgs="libopenblas0-pthread curl nginx openssl systemd"
+  pkgs="libopenblas0-pthread curl nginx openssl systemd chromium"
   missing=$(for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
   if [ -n "$missing" ]; then
     echo "== apt-get install $missing"
