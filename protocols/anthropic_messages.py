@@ -14,13 +14,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from engine.errors import InvalidRequest, ServeError
 from engine.types import Request
 from protocols import anthropic_context, structured
+from protocols import anthropic_diagnostics as diagnostics
 from protocols import conversation as conv
 from protocols import openai_common as common
+from protocols.anthropic_diagnostics import CacheDiagnoser, Diagnosis
 from protocols.anthropic_request import (
     COUNT_DECODER,
     MESSAGES_DECODER,
@@ -92,9 +95,15 @@ class Prompt:
 # --- parse -------------------------------------------------------------------------------------
 
 
-def parse_body(body: bytes, ctx: ProtocolContext, threads: ThreadStore | None = None) -> MessagesJob:
+def parse_body(
+    body: bytes,
+    ctx: ProtocolContext,
+    threads: ThreadStore | None = None,
+    diagnoser: CacheDiagnoser | None = None,
+) -> MessagesJob:
     """Decode, validate and render one Messages request; ServeError 400 on any fault. With
-    `threads`, a request on a thread gets the thread's conversation (see anthropic_threads)."""
+    `threads`, a request on a thread gets the thread's conversation (see anthropic_threads);
+    with `diagnoser`, one that asks is told why the cache missed (anthropic_diagnostics)."""
     req = common.decode(MESSAGES_DECODER, body)
     req, turn = _on_thread(req, threads, ctx)
     prompt = render(req, ctx)
@@ -110,6 +119,7 @@ def parse_body(body: bytes, ctx: ProtocolContext, threads: ThreadStore | None = 
         forced_tool_calls=constraint.forced,
     )
     edits = None if prompt.applied_edits is None else tuple(prompt.applied_edits)
+    diagnosis = _diagnosis(req, ctx, diagnoser, request.id, len(prompt.ids))
     return MessagesJob(
         request,
         stream=bool(req.stream),
@@ -118,7 +128,23 @@ def parse_body(body: bytes, ctx: ProtocolContext, threads: ThreadStore | None = 
         show_thinking=_display(req.thinking) != "omitted",
         applied_edits=edits,
         thread=turn,
+        diagnosis=diagnosis,
+        log_fields=diagnosis.log_fields() if diagnosis is not None else (),
     )
+
+
+def _diagnosis(
+    req: MessagesBody, ctx: ProtocolContext, diagnoser: CacheDiagnoser | None, message_id: str, tokens: int
+) -> Diagnosis | None:
+    """The request against the key's earlier one, when it asks (`diagnostics`, or the beta)."""
+    by_header = diagnostics.BETA in ctx.betas
+    if diagnoser is None or (req.diagnostics is None and not by_header):
+        return None
+    system = "" if req.system is None else _system_text(req.system, ctx.keep_billing_header)
+    other = [_thinking_enabled(req.thinking), msgspec.to_builtins(req.tool_choice)]
+    now = diagnostics.prompt_print(req, system, other, tokens)
+    named = req.diagnostics.previous_message_id if req.diagnostics is not None else None
+    return diagnoser.diagnose(message_id, ctx.principal, named, by_header, now)
 
 
 def _on_thread(
@@ -282,7 +308,7 @@ def template_messages(
     in a system turn after the template's tools."""
     turns = TemplateConversation(system_after_tools=tools_first)
     if req.system is not None:
-        system = _text_only(_without_billing_header(req.system, keep_billing_header), "system", "system")
+        system = _system_text(req.system, keep_billing_header)
         if system:
             turns.system(system)
     for i, msg in enumerate(messages):
@@ -299,6 +325,10 @@ def template_messages(
             "a final assistant message (prefill) is not supported", param=f"messages[{len(messages) - 1}]"
         )
     return turns.messages()
+
+
+def _system_text(system: str | list[TextBlock], keep_billing_header: bool) -> str:
+    return _text_only(_without_billing_header(system, keep_billing_header), "system", "system")
 
 
 def _without_billing_header(system: str | list[TextBlock], keep: bool) -> str | list[TextBlock]:
@@ -354,13 +384,15 @@ def _own(job: Job) -> MessagesJob:
 
 class AnthropicMessages:
     """The WireFormat of POST /v1/messages; with a ThreadStore, it serves message threads (one
-    instance per App owns it; without one, `thread` is refused by name)."""
+    instance per App owns it; without one, `thread` is refused by name), and with a
+    CacheDiagnoser, cache-miss diagnostics."""
 
-    def __init__(self, threads: ThreadStore | None = None) -> None:
+    def __init__(self, threads: ThreadStore | None = None, diagnoser: CacheDiagnoser | None = None) -> None:
         self.threads = threads
+        self.diagnoser = diagnoser
 
     def parse(self, body: bytes, ctx: ProtocolContext) -> MessagesJob:
-        return parse_body(body, ctx, self.threads)
+        return parse_body(body, ctx, self.threads, self.diagnoser)
 
     def renderer(self, job: Job, ctx: ProtocolContext) -> MessageStream:
         own = _own(job)

@@ -2,7 +2,7 @@
 thinking, output format and context management.
 
 Fields that only route or bill (service_tier, speed, inference_geo, workspace_id,
-user_profile_id, billing_policy, fallbacks, diagnostics, cache_control) change nothing here and
+user_profile_id, billing_policy, fallbacks, cache_control) change nothing here and
 are not read; README lists every beta field and what it does here.
 """
 
@@ -164,6 +164,13 @@ class OutputConfig(Struct, frozen=True):
     task_budget: Any = None
 
 
+class Diagnostics(Struct, frozen=True):
+    """Opt-in to `diagnostics.cache_miss_reason` against this key's earlier message (None: the
+    first turn; see anthropic_diagnostics)."""
+
+    previous_message_id: str | None = None
+
+
 class Metadata(Struct, frozen=True):
     user_id: str | None = None
 
@@ -260,6 +267,7 @@ class MessagesBody(PromptBody, frozen=True, kw_only=True):
     stop_sequences: common.StopList | None = None
     stream: bool | None = None
     metadata: Metadata | None = None
+    diagnostics: Diagnostics | None = None
     # The current SDK no longer sends these; older clients do.
     temperature: Annotated[float, Meta(ge=0, le=1)] | None = None
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None

@@ -20,6 +20,7 @@ from engine.types import (
     Usage,
 )
 from protocols import openai_render as render
+from protocols.anthropic_diagnostics import PENDING, Diagnosis
 from protocols.anthropic_threads import ThreadTurn
 from protocols.contract import Frame, Frames, Job, Result, SseEvent, ToolCall
 
@@ -51,6 +52,13 @@ class MessagesJob(Job):
     show_thinking: bool = True
     applied_edits: tuple[dict[str, Any], ...] | None = None
     thread: ThreadTurn | None = None  # a turn on a message thread, kept once answered
+    diagnosis: Diagnosis | None = None  # asked for `diagnostics` (anthropic_diagnostics)
+
+    def diagnostics(self, usage: Usage | None) -> dict[str, Any]:
+        """The response's `diagnostics` field when asked (None usage: pending, in message_start)."""
+        if self.diagnosis is None:
+            return {}
+        return {"diagnostics": PENDING if usage is None else self.diagnosis.json(usage)}
 
     def context_management(self) -> dict[str, Any]:
         """The response's `context_management` field, when the request had one."""
@@ -116,6 +124,7 @@ def message_json(job: MessagesJob, result: Result) -> dict[str, Any]:
         "stop_sequence": result.stop_sequence,
         "usage": usage_json(result.usage),
         **job.context_management(),
+        **job.diagnostics(result.usage),
     }
 
 
@@ -160,6 +169,7 @@ class MessageStream:
             "stop_reason": None,
             "stop_sequence": None,
             "usage": usage,
+            **self._job.diagnostics(None),
         }
         return [_event("message_start", message=message), self.heartbeat()]
 
@@ -220,7 +230,11 @@ class MessageStream:
         return [
             *self._close(),
             _event(
-                "message_delta", delta=delta, usage=usage_json(event.usage), **self._job.context_management()
+                "message_delta",
+                delta=delta,
+                usage=usage_json(event.usage),
+                **self._job.context_management(),
+                **self._job.diagnostics(event.usage),
             ),
             _event("message_stop"),
         ]

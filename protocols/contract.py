@@ -93,6 +93,8 @@ class ProtocolContext:
     accepts: Callable[[str], bool] | None = None
     # Claude Code's `x-anthropic-billing-header` system block reaches the prompt (--keep-billing-header).
     keep_billing_header: bool = False
+    # The `anthropic-beta` header's names (a beta a body cannot name: cache-diagnosis-2026-04-07).
+    betas: frozenset[str] = frozenset()
 
     def room_after(self, prompt_tokens: int) -> int:
         """What an answer may run to when the request sets no limit: the context that remains
@@ -118,7 +120,8 @@ class Job:
     completions API): each gets `n` choices, in order. `warnings` are `Warning` header values
     the protocol adds (a tool it cannot offer, a template without tool support). `framing` is
     how a streamed answer is framed; `answer` a whole body the format gives without running
-    the engine (Ollama's load probe: an empty prompt), sent as is.
+    the engine (Ollama's load probe: an empty prompt), sent as is. `log_fields` are added to
+    the request's access log line.
     """
 
     request: Request
@@ -130,6 +133,8 @@ class Job:
     warnings: tuple[str, ...] = ()
     framing: Framing = Framing.SSE
     answer: bytes | None = None
+    # logfmt fields the access log line adds (Anthropic's cache_miss_reason).
+    log_fields: tuple[tuple[str, str], ...] = ()
 
     @property
     def choices(self) -> int:

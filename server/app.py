@@ -27,6 +27,7 @@ from protocols import (
     openai_responses,
     token_tools,
 )
+from protocols.anthropic_diagnostics import CacheDiagnoser
 from protocols.anthropic_threads import ThreadStore
 from protocols.contract import (
     Defaults,
@@ -79,7 +80,7 @@ class App:
         self._ctx: ProtocolContext | None = None
         self._limits = Limits(0)
         self.responses = openai_responses.OpenAIResponses(openai_responses.ResponsesStore())
-        self.messages = anthropic_messages.AnthropicMessages(ThreadStore())
+        self.messages = anthropic_messages.AnthropicMessages(ThreadStore(), CacheDiagnoser())
         self.recent = RecentRequests()
         self.page = Page() if config.ui else None
         self.table = RouteTable(self._routes(), OPENAI_ERRORS)
@@ -331,6 +332,7 @@ class App:
         ctx = self.context(scope)
         # Decoding, templating, tokenizing and validating are CPU work: off the event loop.
         job, requests = await asyncio.to_thread(self._parse, fmt, names, body, ctx)
+        record_of(scope).fields += job.log_fields
         self._check_model(job.model)
         await self.engine.check_grammars(requests)
         if job.answer is not None:
@@ -382,11 +384,17 @@ class App:
                 keep_billing_header=c.keep_billing_header,
             )  # fmt: skip
             self._limits = Limits(model.tokenizer.vocab_size, model.context_length)
-        return replace(self._ctx, created=int(time.time()), principal=_principal(scope or {}))
+        scope = scope or {}
+        return replace(self._ctx, created=int(time.time()), principal=_principal(scope), betas=_betas(scope))
 
 
 def _principal(scope: Scope) -> str:
     return str(scope.get(PRINCIPAL_KEY, ""))
+
+
+def _betas(scope: Scope) -> frozenset[str]:
+    values = [v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"anthropic-beta"]
+    return frozenset(b.strip() for v in values for b in v.split(",") if b.strip())
 
 
 class NamedModel(msgspec.Struct):

@@ -80,6 +80,8 @@ class RequestRecord:
     choices: dict[int, ChoiceTimes] = field(default_factory=dict)
     refusal: str = ""  # why an error status was answered: `not_found`, `invalid_request param=top_k`
     route: str = OTHER  # the route table's metric label
+    fields: tuple[tuple[str, str], ...] = ()  # the protocol's own logfmt fields (protocols.contract.Job)
+    cache_miss: str = ""  # why the prefix cache served no more of the prompt (engine.types.CacheMiss)
     probe: bool = False  # a health/metrics probe: DEBUG line, no trace line
 
     def track(self, stream: Any) -> TrackedStream:
@@ -96,6 +98,8 @@ class RequestRecord:
         choice = self.choices.setdefault(index, ChoiceTimes())
         if isinstance(ev, Finished):
             choice.finished_reason, choice.usage, choice.engine = ev.reason.value, ev.usage, ev.timings
+            if ev.usage.cache_miss is not None:
+                self.cache_miss = ev.usage.cache_miss.value
         else:
             choice.delta(time.perf_counter())
 
@@ -291,7 +295,10 @@ def log_line(record: RequestRecord, done: RequestDone) -> str:
         f"request id={record.id} method={record.method} route={record.route} status={done.status} "
         f"finish={outcome_of(done)} prompt_tokens={done.prompt_tokens} completion_tokens={completion} "
         f"cached_tokens={done.cached_tokens} ttft_ms={ttft} duration_ms={done.duration_s * 1000:.1f} "
-        f"client={record.client or '-'}" + (f" error={record.refusal}" if record.refusal else "")
+        f"client={record.client or '-'}"
+        + (f" cache_miss={record.cache_miss}" if record.cache_miss else "")
+        + "".join(f" {k}={v}" for k, v in record.fields)
+        + (f" error={record.refusal}" if record.refusal else "")
     )
 
 

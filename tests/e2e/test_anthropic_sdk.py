@@ -260,3 +260,30 @@ def test_the_sdks_tool_runner_runs_on_a_server_held_thread(
     assert "tools" not in bodies[1] and "system" not in bodies[1]
     held = replies[1].usage.input_tokens + (replies[1].usage.cache_read_input_tokens or 0)
     assert held > replies[0].usage.input_tokens + (replies[0].usage.cache_read_input_tokens or 0)
+
+
+def test_cache_miss_diagnostics_name_what_changed_and_the_log_says_so(
+    client: anthropic.Anthropic, smollm_server: ServerProcess
+) -> None:
+    first = client.beta.messages.create(
+        model="m", max_tokens=4, system=SYSTEM, messages=QUESTION, diagnostics={"previous_message_id": None}
+    )
+    assert first.diagnostics is None  # nothing to compare with yet
+    turn: Any = [
+        *QUESTION,
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And Spain?"},
+    ]
+    second = client.beta.messages.create(
+        model="m",
+        max_tokens=4,
+        system="You are a history teacher.",
+        messages=turn,
+        diagnostics={"previous_message_id": first.id},
+        betas=["cache-diagnosis-2026-04-07"],
+    )
+    assert second.diagnostics is not None and second.diagnostics.cache_miss_reason is not None
+    reason = second.diagnostics.cache_miss_reason
+    assert reason.type == "system_changed" and reason.cache_missed_input_tokens > 0  # type: ignore[union-attr]
+    [line] = [ln for ln in smollm_server.log().splitlines() if f"id={second.id} " in ln]
+    assert "cache_miss_reason=system_changed" in line
