@@ -7,7 +7,11 @@ Up to --max-connections a connection is Hypercorn's as usual. Past it, a small r
 most OVERFLOW_SLOTS at once, each with OVERFLOW_HEAD_S to send its request head) reads the one
 request with h11 and runs it through the app marked over capacity: probe routes (/health,
 /metrics) answer as ever, anything else gets 503 with Retry-After in its route's envelope, and
-the connection is closed. Past those slots (or on TLS) it is closed at once. Each cause is
+the connection is closed. With every slot taken, the one that has waited longest without a
+request head is closed for the newcomer (a flood of silent connections cannot starve a probe);
+on TLS a connection past the cap is closed at once. A connection counts from accept() until it
+is closed: `server.transport` closes one as soon as its client does, and one that sends no
+request head within its first-request timeout. Each cause is
 logged once a minute with how often it happened, never as a traceback per connection.
 """
 
@@ -26,6 +30,7 @@ import h11
 
 from engine.errors import ServeError
 from protocols.contract import ASGIApp, Message
+from server import transport
 
 log = logging.getLogger("mlx_serve.connections")
 OVER_CAPACITY = "mlx_serve.over_capacity"  # scope key: this request came in past the cap
@@ -72,7 +77,11 @@ class ConnectionGate:
         self.open = 0
         self.overflowing = 0
         self.refused = 0
+        self.evicted = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._headless: dict[
+            asyncio.Task[None], None
+        ] = {}  # overflow slots still without a head, oldest first
         self._say = OncePerInterval(log)
 
     def take(self) -> bool:
@@ -88,20 +97,33 @@ class ConnectionGate:
         """A connection past the cap: answer its one request (probes only), or close it."""
         self.refused += 1
         self._say("cap", "at the connection limit (%d open, --max-connections): refusing new ones", self.cap)
-        if self.tls or self.overflowing >= OVERFLOW_SLOTS:
+        if self.overflowing >= OVERFLOW_SLOTS and self._headless:
+            # Slots held by connections that never sent a head go to the newest arrival, so a
+            # flood of silent connections cannot keep a health probe from being answered.
+            oldest = next(iter(self._headless))
+            del self._headless[oldest]
+            oldest.cancel()
+            self.evicted += 1
+        elif self.tls or self.overflowing >= OVERFLOW_SLOTS:
             conn.close()
             return
         self.overflowing += 1
         task = asyncio.get_running_loop().create_task(self._answer(conn, peer))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._headless[task] = None
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._headless.pop(task, None)
 
     async def _answer(self, conn: socket.socket, peer: Any) -> None:
+        task = asyncio.current_task()
         try:
             conn.setblocking(False)
-            await answer_one(conn, peer, self.app)
-        except (OSError, TimeoutError, h11.ProtocolError):
-            pass  # it went away, sent nothing in time, or did not speak HTTP/1.1: nothing to say
+            await answer_one(conn, peer, self.app, lambda: self._headless.pop(task, None))  # type: ignore[arg-type]
+        except (OSError, TimeoutError, h11.ProtocolError, asyncio.CancelledError):
+            pass  # it went away, sent nothing in time, was evicted, or did not speak HTTP/1.1
         finally:
             conn.close()
             self.overflowing -= 1
@@ -140,13 +162,16 @@ class CappedSocket(socket.socket):
         return conn, peer
 
 
-async def answer_one(conn: socket.socket, peer: Any, app: ASGIApp) -> None:
+async def answer_one(
+    conn: socket.socket, peer: Any, app: ASGIApp, headed: Callable[[], object] = lambda: None
+) -> None:
     """Read one HTTP/1.1 request head, run it through `app` marked over capacity, answer, close."""
     loop = asyncio.get_running_loop()
     h = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
     async with asyncio.timeout(OVERFLOW_HEAD_S):
         while (event := h.next_event()) is h11.NEED_DATA:
             h.receive_data(await loop.sock_recv(conn, 16 * 1024))
+    headed()
     if not isinstance(event, h11.Request):
         return
     status, headers, body = await _run(app, _scope(event, peer))
@@ -242,6 +267,7 @@ async def serve(
     from hypercorn.config import Sockets
     from hypercorn.utils import wrap_app
 
+    transport.install()
     made = hc.create_sockets()
     listening()
     sockets = Sockets(
