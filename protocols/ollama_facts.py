@@ -98,7 +98,7 @@ def show(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
         _check_name(name, ctx)
     except ServeError as exc:
         return exc.status, error_body(exc)
-    template = str(getattr(ctx.tokenizer.wrapper, "chat_template", None) or "")
+    template = _template(ctx)
     capabilities = ["completion", "tools"] + (["thinking"] if "<think>" in template else [])
     info = {
         "general.architecture": ARCHITECTURE,
@@ -117,6 +117,11 @@ def show(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
         "modified_at": created_at(),
     }
     return 200, orjson.dumps(out)
+
+
+def _template(ctx: ProtocolContext) -> str:
+    wrapper = getattr(ctx.tokenizer, "wrapper", None)  # mlx-lm's TokenizerWrapper
+    return str(getattr(wrapper, "chat_template", None) or "")
 
 
 def _check_name(name: str, ctx: ProtocolContext) -> None:

@@ -24,6 +24,7 @@ from protocols.contract import ProtocolContext, WireFormat
 from protocols.openai_render import error_body
 
 Answer = tuple[int, bytes]
+AnswerFn = Callable[[bytes, ProtocolContext], Answer]
 
 
 class TokenizeBody(Struct, frozen=True, kw_only=True):
@@ -50,7 +51,7 @@ DETOKENIZE_DECODER = msgspec.json.Decoder(DetokenizeBody)
 
 def answering(
     fn: Callable[[bytes, ProtocolContext], dict[str, Any]],
-) -> Callable[[bytes, ProtocolContext], Answer]:
+) -> AnswerFn:
     """`fn`'s body as a 200, or its ServeError in OpenAI's envelope."""
 
     def answer(body: bytes, ctx: ProtocolContext) -> Answer:
@@ -128,7 +129,7 @@ detokenize = answering(_detokenize)
 apply_template = answering(_apply_template)
 
 
-def input_tokens(fmt: WireFormat, obj: str) -> Callable[[bytes, ProtocolContext], Answer]:
+def input_tokens(fmt: WireFormat, obj: str) -> AnswerFn:
     """The prompt tokens a `fmt` generation with this body would report, as `{object, input_tokens}`."""
 
     def count(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
