@@ -279,6 +279,23 @@ class EngineCollector:
         for key, doc in ENGINE_COUNTERS.items():
             if key in s:
                 yield CounterMetricFamily(f"mlx_serve:{key}", doc, s[key])
+        if "prefill_tokens" in s:
+            yield prompt_tokens_by_source(s)
+
+
+def prompt_tokens_by_source(s: Mapping[str, Any]) -> CounterMetricFamily:
+    """Admitted requests' prompt tokens (aborted ones too) by where their KV came from."""
+    family = CounterMetricFamily(
+        "mlx_serve:prompt_tokens_by_source",
+        "Prompt tokens of admitted requests by where their KV came from: the prompt cache in "
+        "memory, its disk tier, or computed.",
+        labels=["source"],
+    )
+    computed, disk = int(s.get("prefill_tokens", 0)), int(s.get("prompt_tokens_from_disk", 0))
+    family.add_metric(["cached_memory"], max(0, int(s.get("prompt_tokens", 0)) - computed - disk))
+    family.add_metric(["cached_disk"], disk)
+    family.add_metric(["computed"], computed)
+    return family
 
 
 def running_and_waiting(stats: Mapping[str, Any], in_flight: int) -> tuple[int, int]:

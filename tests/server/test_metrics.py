@@ -243,6 +243,23 @@ def test_metrics_engine_numbers_when_reported() -> None:
     assert m["mlx_serve:spec_decode_num_accepted_tokens_total"] == 40
 
 
+def test_metrics_count_prompt_tokens_by_where_their_kv_came_from() -> None:
+    class Reporting:
+        state = EngineState.READY
+
+        async def stats(self) -> dict[str, Any]:
+            return {"prompt_tokens": 1000, "prefill_tokens": 300, "prompt_tokens_from_disk": 200}
+
+    async def go() -> dict[str, float]:
+        r = await call(App(Config(), Reporting(), Metrics()), "GET", "/metrics")  # type: ignore[arg-type]
+        return samples(r.body.decode())
+
+    m = asyncio.run(go())
+    assert m["mlx_serve:prompt_tokens_by_source_total{source=cached_memory}"] == 500
+    assert m["mlx_serve:prompt_tokens_by_source_total{source=cached_disk}"] == 200
+    assert m["mlx_serve:prompt_tokens_by_source_total{source=computed}"] == 300
+
+
 def test_running_and_waiting_derived_from_counters() -> None:
     stats = {"requests_started": 5, "requests_finished": 2, "requests_aborted": 1, "requests_failed": 0}
     assert running_and_waiting(stats, in_flight=4) == (2, 2)
