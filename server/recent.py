@@ -1,8 +1,8 @@
 """GET /stats/recent: the requests in flight and the last ones that ended, newest first.
 
 The request observer tells `RecentRequests` when a request begins and ends. Only calls that
-reach for the model are kept (POSTs, and anything handed to the engine): the page's own polls,
-probes and static files would crowd out what a reader wants to see. Bounded: `capacity` ended
+reach for the model are kept (POSTs to a route we serve, and anything handed to the engine): the
+page's own polls, probes, static files and scanners' paths would crowd out what a reader wants. Bounded: `capacity` ended
 requests, and at most as many in flight.
 """
 
@@ -17,13 +17,16 @@ import orjson
 from protocols.contract import Receive, Scope, Send
 from server.metrics import RequestDone
 from server.observe import RequestRecord, Watcher, trace_line
+from server.routes import OTHER
 from server.writer import send_json
 
 CAPACITY = 50
 
 
 def shown(record: RequestRecord) -> bool:
-    return not record.probe and (record.method == "POST" or record.submitted is not None)
+    """A call for the model: not a probe, a poll, a page file or a path we do not serve."""
+    model_call = record.method == "POST" or record.submitted is not None
+    return model_call and not record.probe and record.route != OTHER
 
 
 def live_phase(record: RequestRecord) -> str:

@@ -159,6 +159,7 @@ class Core(RequestLifecycle):
         if seq is None or not isinstance(lone, LoneRunner) or not lone.alone(seq.id):
             return
         ticket = self.tickets.get(seq.id)
+        self._gauge()  # /stats counts the row running while it steps alone, not after
         cap = sched.config.kv_capacity_tokens
         while ticket is not None and not ticket.aborted.is_set() and inbox.empty():
             started = time.perf_counter()

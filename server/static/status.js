@@ -218,7 +218,10 @@ function cell(tag, text, className) {
 }
 
 const count = (n) => (n == null ? "–" : Number(n).toLocaleString());
-const percent = (f) => `${(f * 100).toFixed(f < 0.1 && f > 0 ? 1 : 0)}%`;
+function percent(f) {
+  if (f > 0 && f < 0.001) return "<0.1%";
+  return `${(f * 100).toFixed(f < 0.1 && f > 0 ? 1 : 0)}%`;
+}
 const clock = (unix) => new Date(unix * 1000).toLocaleTimeString([], { hour12: false });
 
 function duration(s) {

@@ -161,6 +161,9 @@ def test_page_stop_button_ends_the_generation(page_server: ServerProcess, page: 
     page.fill("#prompt", "Write a very long story about a lighthouse keeper.")
     page.click("#send")
     wait_until(lambda: len(page.text_content(".msg.assistant .content") or "") > 20)
+    wait_until(lambda: page.text_content("#rows-running") == "1", 5)  # the status view sees it decode
+    live = page.locator("#recent-rows tr", has_text="decoding")
+    wait_until(lambda: live.count() == 1, 5)
     assert page.is_enabled("#stop") and page.is_disabled("#send")
     page.click("#stop")
     page.locator(".msg.assistant[data-done]").wait_for()
@@ -172,3 +175,4 @@ def test_page_stop_button_ends_the_generation(page_server: ServerProcess, page: 
         time.sleep(0.1)
     generated = int(str(page_server.stats()["generated_tokens"])) - int(str(before["generated_tokens"]))
     assert generated < 500  # far from the 2000 asked for
+    wait_until(lambda: page.text_content("#rows-running") == "0" and live.count() == 0, 5)

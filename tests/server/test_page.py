@@ -174,11 +174,12 @@ def test_stats_recent_lists_model_calls_newest_first_without_the_page_polls() ->
             ("POST", "/v1/chat/completions", CHAT, BEARER),
             ("GET", "/", b"", []),
             ("GET", "/stats", b"", BEARER),
+            ("POST", "/wp-login.php", b"", BEARER),
             ("POST", "/v1/chat/completions", bad, BEARER),
             ("GET", "/stats/recent", b"", BEARER),
         ]
     )
-    assert [r.status for r in replies] == [200, 200, 200, 400, 200]
+    assert [r.status for r in replies] == [200, 200, 200, 404, 400, 200]
     recent = replies[-1].json()
     assert recent["in_flight"] == []
     refused, served = recent["ended"]
