@@ -47,9 +47,12 @@ def test_median_summary_takes_medians_of_rates_and_sums_counts() -> None:
 def test_ratio_lines_compare_servers_and_direct() -> None:
     ours = summarize("mlx-serve", LevelResult(1, 1.0, [record(0, 0.1, 21)]))
     theirs = summarize("mlx_lm", LevelResult(1, 2.0, [record(0, 0.2, 21)]))
-    lines = ratio_lines({1: {"mlx-serve": ours, "mlx_lm": theirs}}, {1: 42.0})
+    lines = ratio_lines(
+        {1: {"mlx-serve": ours, "mlx_lm": theirs}, 4: {"mlx-serve": ours}}, {1: 40.0, 4: 42.0}
+    )
     assert "aggregate 2.00x" in lines[1] and "TTFT p95 0.50x" in lines[1] and "dropped 0 vs 0" in lines[1]
-    assert "vs direct mlx-lm: aggregate 0.500x" in lines[2]
+    assert "stream_generate: decode 0.500x" in lines[2]  # 20 tok/s decode (21 tokens over 1 s) / 40
+    assert "batch_generate: aggregate 0.500x" in lines[3]  # 21 tok/s / 42
 
 
 def test_direct_rates_are_stream_decode_at_one_and_batch_end_to_end_at_b() -> None:
