@@ -28,6 +28,7 @@ from server.shutdown import Drain
 
 log = logging.getLogger("mlx_serve.access")
 RECORD_KEY = "mlx_serve.record"
+OBSERVER_KEY = "mlx_serve.observer"  # a WebSocket's scope: the observer its turns report to
 
 
 @dataclass(slots=True)
@@ -310,6 +311,20 @@ def record_of(scope: Scope) -> RequestRecord:
     return record
 
 
+def socket_turn(scope: Scope, route: str) -> RequestRecord:
+    """The record of one turn on a WebSocket (method `WS`): its own log line, metrics, trace."""
+    observer = scope.get(OBSERVER_KEY)
+    drain = observer.drain if isinstance(observer, RequestObserver) else None
+    return RequestRecord("WS", scope.get("path", ""), _client(scope), drain=drain, route=route)
+
+
+def report_turn(scope: Scope, record: RequestRecord) -> None:
+    record.ended = time.perf_counter()
+    observer = scope.get(OBSERVER_KEY)
+    if isinstance(observer, RequestObserver):
+        observer.report(record)
+
+
 def _client(scope: Scope) -> str:
     client = scope.get("client")
     return f"{client[0]}:{client[1]}" if client else ""
@@ -343,9 +358,12 @@ class RequestObserver:
         self.trace = trace
         self.watcher = watcher
         self.table = table if table is not None else getattr(app, "table", None)
+        self._unavailable_said = False  # a 503 while the engine loads or restarts was logged at INFO
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "websocket":
+                scope[OBSERVER_KEY] = self  # each turn on it is a request of its own (socket_turn)
             await self.app(scope, receive, send)
             return
         record = RequestRecord(scope["method"], scope["path"], _client(scope), drain=self.drain)
@@ -376,13 +394,23 @@ class RequestObserver:
             record.ended = time.perf_counter()
             self.report(record)
 
+    def _repeat_unavailable(self, record: RequestRecord) -> bool:
+        """Whether this is another 503 while the engine is not ready: clients poll while a model
+        loads, so the first is logged and the rest at DEBUG, until an answer of another kind."""
+        if record.refusal != "engine_unavailable":
+            if not record.probe:
+                self._unavailable_said = False
+            return False
+        said, self._unavailable_said = self._unavailable_said, True
+        return said
+
     def report(self, record: RequestRecord) -> None:
         record.id = record.id or f"req-{uuid.uuid4().hex[:16]}"
         done = record.summary()
         self.metrics.observe(done)
         if self.watcher is not None:
             self.watcher.end(record, done)
-        quiet = record.probe
+        quiet = record.probe or self._repeat_unavailable(record)
         log.log(logging.DEBUG if quiet else logging.INFO, "%s", log_line(record, done))
         if self.trace is not None and not quiet:
             self.trace.write(record, done)

@@ -366,3 +366,28 @@ def test_metric_series_stay_bounded_under_random_methods_and_unauthenticated_req
     } | {OTHER}
     assert len(series) <= 12  # a handful of (endpoint, method, status) triples, not one per method
     assert sum(m[k] for k in series) == 1000
+
+
+def test_access_log_says_a_503_while_loading_once_not_for_every_poll(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine, _ = fake_engine(["hi"], step_s=0.0)
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+
+    async def go() -> list[int]:
+        app = App(Config(), engine)
+        observed = RequestObserver(app, Metrics(), table=app.table)
+        statuses = []
+        for _ in range(3):  # the engine is not started: every call is a 503 engine_unavailable
+            statuses.append((await call(observed, "POST", "/v1/chat/completions", body=body)).status)
+        engine.start()
+        await engine.wait_ready()
+        statuses.append((await call(observed, "POST", "/v1/chat/completions", body=body)).status)
+        return statuses
+
+    with caplog.at_level(logging.DEBUG, logger="mlx_serve.access"):
+        statuses = asyncio.run(go())
+    assert statuses == [503, 503, 503, 200]
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "mlx_serve.access"]
+    assert [level for level, _ in lines] == [logging.INFO, logging.DEBUG, logging.DEBUG, logging.INFO]
+    assert "status=503" in lines[0][1] and "status=200" in lines[3][1]
