@@ -47,7 +47,8 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
             partial(load_encoder, source.model), max_waiting_inputs=settings.max_waiting * 256
         )
 
-    from engine.host.process import ChildPlan, ProcessEngine
+    from engine.host.child import ChildPlan
+    from engine.host.process import ProcessEngine
     from engine.host.thread import ThreadEngine
 
     settings = replace(settings, draft_spec=source.draft_spec())

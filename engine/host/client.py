@@ -35,6 +35,7 @@ class EngineState(enum.Enum):
     READY = "ready"
     FAILED = "failed"
     STOPPED = "stopped"
+    STALLED = "not responding"  # work in flight, no step for a while (engine.host.watchdog)
 
 
 class Gate:
@@ -230,7 +231,11 @@ class EngineClient(abc.ABC):
             on_close=lambda: self.gate.release(len(admitted)),
             warnings=warnings,
         )
-        self._deliver(stream)
+        try:
+            self._deliver(stream)
+        except ServeError:
+            self.gate.release(len(admitted))  # refused before any of it reached the engine
+            raise
         return stream
 
     _grammars: GrammarChecks | None = None

@@ -6,6 +6,8 @@ child dies, in-flight requests fail with an error in their own format, /health t
 a new child is started and serves the next request.
 
 How the loop reads the child's frames (woken, or on a tick while they come fast): engine.host.frames.
+Messages to the child go through a bounded outbox written by its own thread (engine.host.outbox),
+and a watchdog fails the work of a child that stops stepping (engine.host.watchdog).
 """
 
 from __future__ import annotations
@@ -16,43 +18,25 @@ import logging
 import multiprocessing as mp
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import EngineFailed, ServeError
+from engine.errors import EngineFailed, EngineUnavailable, ServeError
+from engine.host.child import ChildPlan, ChildProcess
 from engine.host.client import EngineClient, EngineState, RequestStream
 from engine.host.frames import POLL_GAP_S, POLL_S, FrameReader
+from engine.host.outbox import Outbox
 from engine.host.process_child import serve_child
 from engine.host.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
+from engine.host.process_watch import WATCH_NONCE, ProcessWatchdog
+from engine.host.watchdog import STALL_S, TICK_S, Progress
 from engine.model.tokenizer import spelling_span, warm_prompt_path
 from engine.types import Finished
 
 log = logging.getLogger("mlx_serve.engine")
+STATS_TIMEOUT_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class ChildPlan:
-    """How to start the engine process: the child builds its core with `build(counters, *args)`
-    while this process loads the tokenizer the protocols need (the two overlap at start-up)."""
-
-    model_id: str
-    build: Callable[..., Any]
-    build_args: tuple[Any, ...]
-    load_tokenizer: Callable[[], Any]
-
-
-@dataclass(slots=True)
-class _Child:
-    process: Any
-    conn: Any  # requests go out with conn.send; the child's messages come in through `reader`
-    pid: int = 0
-    streams: dict[str, RequestStream] = field(default_factory=dict)
-    reader: FrameReader | None = None
-    polling: asyncio.TimerHandle | None = None  # the next read on the tick; None: the loop watches the socket
-    last_frame: float = -1.0  # loop time of the last read that found a message
-
-
-class ProcessEngine(EngineClient):
+class ProcessEngine(ProcessWatchdog, EngineClient):
     """The model in a restartable child process; the tokenizer stays here for the protocols."""
 
     def __init__(
@@ -61,8 +45,12 @@ class ProcessEngine(EngineClient):
         capacity: int = 1 << 30,
         waiting: int | None = None,
         restartable: bool = True,  # False: a rank of a sharded group (engine.host.shard), which restarts whole
+        stall_s: float = STALL_S,  # the watchdog: no step for this long with work in flight
+        restart_stalled: bool = True,  # and then kill and restart the child (False: wait for it)
     ) -> None:
         super().__init__(capacity, waiting)
+        self.progress = Progress(stall_s)
+        self.restart_stalled = restart_stalled
         self._prepare = prepare
         self.restartable = restartable
         self._plan: ChildPlan | None = None
@@ -71,7 +59,7 @@ class ProcessEngine(EngineClient):
         self._ready_info: dict[str, Any] | None = None  # the child is up; the tokenizer may not be
         self.restarts = 0
         self.info: dict[str, Any] = {}
-        self._child: _Child | None = None
+        self._child: ChildProcess | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._nonces = itertools.count()
         self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -86,6 +74,7 @@ class ProcessEngine(EngineClient):
         while the child loads the weights."""
         self._loop = asyncio.get_running_loop()
         threading.Thread(target=self._prepare_then_spawn, name="engine-prepare", daemon=True).start()
+        self._watching = self._loop.call_later(TICK_S, self._watch)
 
     def _prepare_then_spawn(self) -> None:
         try:
@@ -133,7 +122,7 @@ class ProcessEngine(EngineClient):
         )
         proc.start()
         child.close()
-        self._child = _Child(proc, parent, reader=FrameReader(parent.fileno()))
+        self._child = ChildProcess(proc, parent, Outbox(parent), reader=FrameReader(parent.fileno()))
         assert self._loop is not None and self._child.reader is not None
         self._loop.add_reader(self._child.reader.fileno(), self._readable, self._child)
 
@@ -143,6 +132,7 @@ class ProcessEngine(EngineClient):
         self.state = EngineState.STOPPED
         if child is not None:
             self._stop_reading(child)
+            child.outbox.close()
             child.process.terminate()
             child.process.join(5)
             self._on_death(child, child.process.exitcode)  # any stream still open gets its error
@@ -153,6 +143,10 @@ class ProcessEngine(EngineClient):
     def _deliver(self, stream: RequestStream) -> None:
         child = self._child
         assert child is not None
+        if child.outbox.room() < len(stream.tickets):  # the child has stopped reading
+            raise EngineUnavailable(
+                "the engine is not taking requests just now (its queue is full); retry shortly"
+            )
         for ticket in stream.tickets:
             child.streams[ticket.request.id] = stream
             self._send(child, Submit(ticket.request))
@@ -172,19 +166,20 @@ class ProcessEngine(EngineClient):
         self._stats_waiters[nonce] = waiter
         self._send(child, StatsQuery(nonce))
         try:
-            return {**base, **await asyncio.wait_for(waiter, 5)}
+            return {**base, **await asyncio.wait_for(waiter, STATS_TIMEOUT_S)}
+        except TimeoutError:
+            raise EngineUnavailable(f"the engine did not answer within {STATS_TIMEOUT_S:g} s") from None
         finally:
             self._stats_waiters.pop(nonce, None)
 
-    def _send(self, child: _Child, message: Any) -> None:
-        try:
-            child.conn.send(message)
-        except (OSError, ValueError):
-            pass  # the loop reads the end of the pipe (_readable) and fails the requests
+    def _send(self, child: ChildProcess, message: Any) -> bool:
+        """Queue a message for the child, never blocking the loop; False when its outbox is full
+        (a child that stops reading: the watchdog deals with it; the pipe's end, with one gone)."""
+        return child.outbox.put(message)
 
     # -- the child's messages, read on the loop (engine.host.frames) ------------------------
 
-    def _readable(self, child: _Child) -> None:  # the socket is watched unless frames come fast
+    def _readable(self, child: ChildProcess) -> None:  # the socket is watched unless frames come fast
         if not self._read(child) or child.reader is None or self._loop is None:
             return
         now = self._loop.time()
@@ -193,7 +188,7 @@ class ProcessEngine(EngineClient):
             self._loop.remove_reader(child.reader.fileno())
             child.polling = self._loop.call_later(POLL_S, self._poll, child)
 
-    def _poll(self, child: _Child) -> None:
+    def _poll(self, child: ChildProcess) -> None:
         child.polling = None
         assert self._loop is not None  # started; _stop_reading cancels the tick with the reader
         got, now = self._read(child), self._loop.time()
@@ -206,7 +201,7 @@ class ProcessEngine(EngineClient):
         else:  # level-triggered: a frame that arrived since this read wakes the loop at once
             self._loop.add_reader(child.reader.fileno(), self._readable, child)
 
-    def _read(self, child: _Child) -> int:
+    def _read(self, child: ChildProcess) -> int:
         """Handle every message that has arrived; how many there were."""
         reader = child.reader
         if reader is None:
@@ -227,12 +222,12 @@ class ProcessEngine(EngineClient):
             self._gone(child)
         return len(messages)
 
-    def _gone(self, child: _Child) -> None:
+    def _gone(self, child: ChildProcess) -> None:
         """The child's end is closed: stop reading it and wait for its exit code off the loop."""
         self._stop_reading(child)
         threading.Thread(target=self._reap, args=(child,), name="engine-reap", daemon=True).start()
 
-    def _stop_reading(self, child: _Child) -> None:
+    def _stop_reading(self, child: ChildProcess) -> None:
         reader, child.reader = child.reader, None
         if child.polling is not None:
             child.polling.cancel()
@@ -243,7 +238,7 @@ class ProcessEngine(EngineClient):
             self._loop.remove_reader(reader.fileno())  # False (nothing done) while it was polled
         reader.close()
 
-    def _reap(self, child: _Child) -> None:
+    def _reap(self, child: ChildProcess) -> None:
         child.process.join(5)
         self._hand_over(self._on_death, child, child.process.exitcode)
 
@@ -256,14 +251,17 @@ class ProcessEngine(EngineClient):
             return False
         return True
 
-    def _on_message(self, child: _Child, message: Any) -> None:
+    def _on_message(self, child: ChildProcess, message: Any) -> None:
         if isinstance(message, Events):
+            self._events_came()
             for request_id, ev in message.items:
                 stream = child.streams.get(request_id)
                 if stream is not None:
                     stream.push(request_id, ev)
                     if isinstance(ev, (Finished, ServeError)):
                         child.streams.pop(request_id, None)
+        elif isinstance(message, Stats) and message.nonce == WATCH_NONCE:
+            self._steps_came(message.counters)
         elif isinstance(message, Stats):
             waiter = self._stats_waiters.get(message.nonce)
             if waiter is not None and not waiter.done():
@@ -274,7 +272,8 @@ class ProcessEngine(EngineClient):
         elif isinstance(message, LoadFailed):
             self._load_failed(message.error)
 
-    def _on_death(self, child: _Child, exitcode: int | None) -> None:
+    def _on_death(self, child: ChildProcess, exitcode: int | None) -> None:
+        child.outbox.close()
         message = f"the engine process died (exit code {exitcode}); it is restarting"
         if not self.restartable:  # one rank of a group cannot rejoin it: the group restarts whole
             from engine.host.shard import group_lost_message
@@ -286,6 +285,7 @@ class ProcessEngine(EngineClient):
         child.streams.clear()
         if self._stopping or child is not self._child or self.state is EngineState.FAILED:
             return
+        self.progress.idle(self._loop.time() if self._loop is not None else 0.0)
         if not self.restartable:
             from engine.host.shard import GROUP_LOST_GRACE_S
 

@@ -18,8 +18,9 @@ import pytest
 from engine.batch.core import Core
 from engine.batch.scheduler import Scheduler, SchedulerConfig
 from engine.errors import EngineFailed
+from engine.host.child import ChildPlan
 from engine.host.client import EngineState
-from engine.host.process import ChildPlan, ProcessEngine
+from engine.host.process import ProcessEngine
 from engine.types import Counters, Finished, Request, SamplingParams, TextDelta
 from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
 
