@@ -59,6 +59,10 @@ class Request:
     grammar: str | None = None
     # The grammar forces tool calls, written in hermes markup whatever the model family.
     forced_tool_calls: bool = False
+    # Reasoning tokens before the model's end-of-thinking is forced (None: unbounded; 0: none),
+    # and the tokens of a message forced before it when it is (engine.rows.thinking_budget).
+    thinking_budget: int | None = None
+    thinking_budget_message: tuple[int, ...] = ()
 
 
 class CacheMiss(enum.Enum):

@@ -19,7 +19,7 @@ import orjson
 
 from engine.errors import InvalidRequest, ServeError
 from engine.types import Request
-from protocols import anthropic_context, structured
+from protocols import anthropic_context, reasoning, structured
 from protocols import anthropic_diagnostics as diagnostics
 from protocols import conversation as conv
 from protocols import openai_common as common
@@ -108,6 +108,7 @@ def parse_body(
     req, turn = _on_thread(req, threads, ctx)
     prompt = render(req, ctx)
     constraint = _grammar(req, prompt.tools)
+    thinking = _thinking_budget(req, ctx)
     request = Request(
         id=conv.new_id(ID_PREFIX),
         prompt_tokens=tuple(prompt.ids),
@@ -117,6 +118,8 @@ def parse_body(
         tools=prompt.tools,
         grammar=constraint.grammar,
         forced_tool_calls=constraint.forced,
+        thinking_budget=thinking.tokens,
+        thinking_budget_message=thinking.message,
     )
     edits = None if prompt.applied_edits is None else tuple(prompt.applied_edits)
     diagnosis = _diagnosis(req, ctx, diagnoser, request.id, len(prompt.ids))
@@ -124,7 +127,7 @@ def parse_body(
         request,
         stream=bool(req.stream),
         model=req.model,
-        warnings=prompt.warnings + constraint.warnings,
+        warnings=prompt.warnings + constraint.warnings + thinking.warnings,
         show_thinking=_display(req.thinking) != "omitted",
         applied_edits=edits,
         thread=turn,
@@ -183,7 +186,7 @@ def render(req: PromptBody, ctx: ProtocolContext) -> Prompt:
     if not req.messages:
         raise InvalidRequest("`messages` must hold at least one message", param="messages")
     tools, warnings = offered_tools(req)
-    kwargs = conv.thinking_kwargs(_thinking_enabled(req.thinking))
+    kwargs = {**conv.thinking_kwargs(_thinking_enabled(req.thinking)), **_effort_kwargs(req)}
     # Anthropic's prompt order is tools, system, messages: a system prompt that differs between
     # folders (Claude Code's names its memory folder) then leaves the tools' tokens shared.
     tools_first = bool(tools) and ctx.tokenizer.system_turns
@@ -291,6 +294,21 @@ def _thinking_enabled(thinking: Thinking | None) -> bool | None:
     if thinking is None:
         return None
     return not isinstance(thinking, ThinkingDisabled)
+
+
+def _thinking_budget(req: PromptBody, ctx: ProtocolContext) -> reasoning.ThinkingBudget:
+    """`thinking.budget_tokens` bounds the thinking (protocols.reasoning); disabled thinking is a
+    budget of 0, so a model whose template always opens its thinking closes it at once."""
+    thinking = req.thinking
+    asked = thinking.budget_tokens if isinstance(thinking, ThinkingEnabled) else None
+    effort = "none" if isinstance(thinking, ThinkingDisabled) else None
+    return reasoning.thinking_budget(ctx, asked, None, "thinking.budget_tokens", effort)
+
+
+def _effort_kwargs(req: PromptBody) -> dict[str, Any]:
+    # output_config.effort goes to templates that read a level; thinking on or off stays `thinking`'s.
+    effort = req.output_config.effort if req.output_config is not None else None
+    return {} if effort is None else {"reasoning_effort": effort}
 
 
 def _display(thinking: Thinking | None) -> Display:

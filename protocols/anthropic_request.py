@@ -129,7 +129,8 @@ class _Thinking(Struct, frozen=True, tag_field="type"):
 
 
 class ThinkingEnabled(_Thinking, frozen=True, tag="enabled"):
-    # The budget is not enforced on its own; max_tokens still caps thinking plus answer.
+    # The thinking is closed after this many tokens (protocols.reasoning); max_tokens still caps
+    # thinking plus answer.
     budget_tokens: Annotated[int, Meta(ge=1)]
     display: Display = None
 

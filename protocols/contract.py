@@ -62,11 +62,15 @@ class ClientGone(ServeError):
 @dataclass(frozen=True, slots=True)
 class Defaults:
     """Server-wide defaults a request falls back to: the engine's sampling defaults with the
-    server's --temp, --top-p, --top-k, --min-p over them, --max-tokens, --chat-template-args."""
+    server's --temp, --top-p, --top-k, --min-p over them, --max-tokens, --chat-template-args,
+    the reasoning budget."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
     chat_template_args: dict[str, Any] | None = None
+    # --reasoning-budget (None or -1: unbounded) and --reasoning-budget-message (protocols.reasoning)
+    reasoning_budget: int | None = None
+    reasoning_budget_message: str = ""
 
     def sampling_for(self, **given: Any) -> SamplingParams:
         """The one resolver: each sampling field the request gave (None: absent) over these

@@ -25,7 +25,7 @@ from engine.types import (
 from protocols import conversation as conv
 from protocols import openai_common as common
 from protocols import openai_render as render
-from protocols import structured
+from protocols import reasoning, structured
 from protocols.contract import Frames, Job, ProtocolContext, Result
 
 OBJECT = "chat.completion"
@@ -127,6 +127,9 @@ class ChatCompletionBody(common.OpenAIFields, frozen=True, kw_only=True):
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    # llama.cpp's per-request thinking budget (-1 unbounded, 0 no thinking) and its message.
+    thinking_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    thinking_budget_message: str | None = None
     # Answer-changing fields refused until supported.
     functions: Any = None
     function_call: Any = None
@@ -143,13 +146,19 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
     _check_chat_supported(req)
     messages = [_template_message(m, i) for i, m in enumerate(req.messages)]
     tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
-    # reasoning_effort switches a hybrid model's thinking; explicit template kwargs win.
-    effort = None if req.reasoning_effort is None else req.reasoning_effort != "none"
+    # reasoning_effort sets the template's own switches; explicit template kwargs win.
     template_kwargs = {
         **(ctx.defaults.chat_template_args or {}),
-        **conv.thinking_kwargs(effort),
+        **reasoning.effort_kwargs(req.reasoning_effort),
         **(req.chat_template_kwargs or {}),
     }
+    thinking = reasoning.thinking_budget(
+        ctx,
+        req.thinking_budget_tokens,
+        req.thinking_budget_message,
+        "thinking_budget_tokens",
+        req.reasoning_effort,
+    )
     try:
         ids = ctx.tokenizer.render_chat(messages, tools, template_kwargs)
     except ValueError as exc:
@@ -166,6 +175,7 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
         common.chat_logprobs(req),
         _forced_calls(req, offered),
         conv.tool_support_warnings(ctx, offered),
+        thinking,
     )
 
 

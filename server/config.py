@@ -36,6 +36,8 @@ class Config:
     top_k: int = 0
     min_p: float = 0.0
     max_tokens: int = 512
+    reasoning_budget: int = -1  # llama.cpp's: reasoning tokens before thinking is closed; -1 unbounded
+    reasoning_budget_message: str = ""
     chat_template: str = ""
     use_default_chat_template: bool = False
     chat_template_args: dict[str, Any] = field(default_factory=dict)
@@ -141,6 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--top-k", type=int, help="default top-k (0 = off)")
     a("--min-p", type=float, help="default min-p (0.0 = off)")
     a("--max-tokens", type=int, help="default max new tokens (512)")
+    a(
+        "--reasoning-budget",
+        type=int,
+        help="reasoning tokens a request may think before its thinking is closed: -1 unbounded (default), "
+        "0 no thinking; a request's thinking_budget_tokens (or Anthropic's budget_tokens) wins",
+    )
+    a("--reasoning-budget-message", help="text forced before the end of thinking when the budget ends it")
     a("--chat-template", help="chat template replacing the model's: Jinja text, or a path to a .jinja file")
     a(
         "--use-default-chat-template",
@@ -324,6 +333,8 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
         parser.error("--max-step-ms must be 0 (off) or more")
     if cfg.max_tokens < 1:
         parser.error("--max-tokens must be at least 1")
+    if cfg.reasoning_budget < -1:
+        parser.error("--reasoning-budget must be -1 (unbounded), 0 (no thinking) or more")
     if cfg.log_level.upper() not in LOG_LEVELS:
         parser.error(f"log level must be one of {', '.join(LOG_LEVELS)}")
     if cfg.tool_call_parser is not None and cfg.tool_call_parser not in tool_call_parsers():

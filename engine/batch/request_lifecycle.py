@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from engine.batch.core_parts import Clock, PrefixLookup, Runner, Ticket
@@ -23,7 +24,7 @@ from engine.types import CacheMiss, Counters, Request
 
 if TYPE_CHECKING:  # no MLX here either: the runner holds it
     from engine.batch.prefix_cache import Found
-    from engine.model.mlx_boundary import Tokenizer
+    from engine.model.mlx_boundary import LogitsProcessor, Tokenizer
     from engine.rows.grammar import Constraint, GrammarTokenizer
 
 log = logging.getLogger("mlx_serve.engine")
@@ -134,7 +135,10 @@ class RequestLifecycle:
         found = self._prefixes.pop(seq_id, None)
         request = seq.request
         cache = found.cache if found is not None else None
-        self.runner.admit(request, cache, seq.num_cached, self._constraints.pop(seq_id, None))
+        constraint: LogitsProcessor | None = self._constraints.pop(seq_id, None)
+        if constraint is None and request.thinking_budget is not None:
+            request, constraint = self._budgeted(request)
+        self.runner.admit(request, cache, seq.num_cached, constraint)
         if found is not None:
             self._cache_notes[seq_id] = (found.from_disk, found.miss)
             self.counters.prompt_tokens_from_disk += found.from_disk
@@ -148,6 +152,25 @@ class RequestLifecycle:
         self.counters.requests_started += 1
         self.counters.prompt_tokens += seq.prompt_len
         self.counters.prefill_tokens += seq.prompt_len - seq.num_cached
+
+    def _budgeted(self, request: Request) -> tuple[Request, LogitsProcessor | None]:
+        """The row's thinking budget as a processor (None for a model without thinking
+        markers). The row does not speculate: the budget counts the tokens it accepts."""
+        from engine.rows.thinking_budget import ThinkingBudget  # MLX: only rows with a budget
+
+        tok = self.tokenizer
+        start, end = getattr(tok, "think_start_tokens", None), getattr(tok, "think_end_tokens", None)
+        if not start or not end or request.thinking_budget is None:
+            return request, None
+        inside = reasoning_splitter(tok, request.prompt_tokens)
+        budget = ThinkingBudget(
+            request.thinking_budget,
+            (*request.thinking_budget_message, *end),
+            tuple(start),
+            tuple(end),
+            inside=inside is not None and inside.inside,
+        )
+        return replace(request, num_draft_tokens=0), budget
 
     def _drop(self, seq_id: str) -> None:
         self._cache_notes.pop(seq_id, None)

