@@ -3,6 +3,9 @@
 Hypothesis (a fixed seed: `derandomize`) writes bodies that are mostly almost right: each
 route's known fields with plausible or hostile values (huge and negative numbers, wrong types,
 deep nesting, odd roles, tools, schemas, chat_template_kwargs), plus raw bytes now and then.
+Hostile pools: integers of thousands of digits, float32 edges (denormals, 1e-46), control
+characters in every string that reaches a header or a log line, and alternations wider than
+llguidance's parser rows; every header value must come back printable ASCII and short.
 The app runs with the fake engine and a real Jinja chat template. Every answer must be a 2xx
 or 4xx (never 5xx) in the route's own envelope, within a timeout; afterwards the server is
 healthy and serves a normal request. A few hundred examples per route, ~1 minute in all.
@@ -23,6 +26,7 @@ from hypothesis import strategies as st
 from engine.batch.core import Core
 from server.app import App
 from server.config import Config
+from server.writer import MAX_HEADER_VALUE
 from tests.support.asgi import Reply, call
 from tests.support.fake_engine import fake_engine
 
@@ -34,7 +38,18 @@ numbers = st.one_of(
     st.integers(-(2**70), 2**70),
     st.floats(allow_nan=False, allow_infinity=False),
     st.sampled_from([0, 1, -1, 2**63 - 1, 2**64, 10**12, 0.5, 1.0, 2.0, 1e308]),
+    st.sampled_from([10**4000, -(10**4000), 2**1024]),  # huge integers: past int64, float, digit limits
 )
+# Valid as float64, degenerate as float32 (0, a denormal, or past its range once inverted).
+float32_edges = st.sampled_from([1e-39, 5e-324, 1e-46, 1.1754943508222875e-38, 1e-30, 3.4028235e38])
+# Client text that reaches a header (Warning) or a log line.
+hostile_text = st.sampled_from(
+    ["\x1b[31m\r\nx-injected: 1", "\x00", "a\u2028b\u0085c", "\r\n\r\n", "é" * 3000, "\x7f" * 40]
+)
+# Alternations wider than a parser row holds (llguidance: 2,000 items).
+giant_choice = st.just([f"option {i}" for i in range(2500)])
+giant_regex = st.just("|".join(f"w{i}" for i in range(3000)))
+giant_enum = st.just({"enum": [f"v{i}" for i in range(3000)]})
 scalars = st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=12))
 json_values = st.recursive(
     scalars,
@@ -62,6 +77,8 @@ schemas = st.one_of(
     st.dictionaries(
         st.sampled_from(["type", "properties", "enum", "minLength", "$ref"]), json_values, max_size=3
     ),
+    giant_enum,
+    st.just({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}),  # a cycle: matches nothing
 )
 tool = st.fixed_dictionaries(
     {
@@ -123,23 +140,27 @@ an_message = st.fixed_dictionaries(
         "content": st.one_of(st.text(max_size=30), st.lists(an_block, max_size=3)),
     }
 )
+model = either(st.one_of(st.just("fake-model"), hostile_text))
 SAMPLING = {
-    "temperature": either(st.floats(0, 2)),
-    "top_p": either(st.floats(0, 1)),
+    "temperature": either(st.one_of(st.floats(0, 2), float32_edges)),
+    "top_p": either(st.one_of(st.floats(0, 1), float32_edges)),
     "top_k": either(st.integers(-1, 2000)),
-    "min_p": either(st.floats(0, 1)),
+    "min_p": either(st.one_of(st.floats(0, 1), float32_edges)),
     "seed": either(st.integers(-5, 2**64 + 5)),
     "stream": either(st.booleans()),
 }
 OPENAI = {
     **SAMPLING,
+    "model": model,
     "max_tokens": either(st.integers(0, 20)),
     "max_completion_tokens": either(st.integers(0, 20)),
     "n": either(st.integers(0, 18)),
-    "stop": either(st.one_of(st.text(max_size=3), st.lists(st.text(max_size=3), max_size=3))),
+    "stop": either(st.one_of(st.text(max_size=3), st.lists(st.text(max_size=3), max_size=3), hostile_text)),
     "logit_bias": either(
         st.dictionaries(
-            st.sampled_from(["1", "2", "999", "1000", "-1", "x"]), st.floats(-100, 100), max_size=2
+            st.sampled_from(["1", "2", "999", "1000", "-1", "x", "9" * 5000, "\x1b"]),
+            st.one_of(st.floats(-100, 100), float32_edges),
+            max_size=2,
         )
     ),
     "logprobs": either(st.one_of(st.booleans(), st.integers(-1, 21))),
@@ -157,8 +178,11 @@ OPENAI = {
             st.builds(lambda s: {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}, schemas),
         )
     ),
-    "guided_regex": either(st.sampled_from(["[a-z]{1,3}", "(", "a*"])),
-    "guided_choice": either(st.lists(st.text(max_size=3), max_size=3)),
+    "guided_regex": either(
+        st.one_of(st.sampled_from(["[a-z]{1,3}", "(", "a*", "(.{0,1000}){1000}"]), giant_regex)
+    ),
+    "guided_choice": either(st.one_of(st.lists(st.text(max_size=3), max_size=3), giant_choice)),
+    "guided_grammar": either(st.sampled_from(["start: start", 'start: "a" | "b"', "start: ("])),
     "num_draft_tokens": either(st.integers(-1, 20)),
     "prediction": either(
         st.fixed_dictionaries({"type": st.just("content"), "content": st.text(max_size=10)})
@@ -213,7 +237,16 @@ MESSAGES = {
     "stop_sequences": either(st.lists(st.text(max_size=3), max_size=3)),
     "tools": either(
         st.lists(
-            st.fixed_dictionaries({"name": st.sampled_from(["get", "f"]), "input_schema": schemas}),
+            st.one_of(
+                st.fixed_dictionaries({"name": st.sampled_from(["get", "f"]), "input_schema": schemas}),
+                # hosted tools: their type reaches a Warning header
+                st.fixed_dictionaries(
+                    {
+                        "type": st.one_of(hostile_text, hostile_text.map(lambda t: "web_search_" + t)),
+                        "name": st.one_of(st.just("web_search"), hostile_text),
+                    }
+                ),
+            ),
             max_size=2,
         )
     ),
@@ -229,10 +262,11 @@ MESSAGES = {
         )
     ),
     "output_format": either(st.builds(lambda s: {"type": "json_schema", "schema": s}, schemas)),
-    "metadata": either(st.fixed_dictionaries({"user_id": st.text(max_size=5)})),
+    "metadata": either(st.fixed_dictionaries({"user_id": st.one_of(st.text(max_size=5), hostile_text)})),
 }
 RESPONSES = {
     **SAMPLING,
+    "model": model,
     "instructions": either(st.text(max_size=20)),
     "max_output_tokens": either(st.integers(0, 20)),
     "tools": either(
@@ -259,7 +293,7 @@ ROUTES: dict[str, tuple[dict[str, st.SearchStrategy[Any]], dict[str, st.SearchSt
     ),
     "/v1/messages": (
         {
-            "model": either(st.just("fake-model")),
+            "model": model,
             "max_tokens": either(st.integers(0, 20)),
             "messages": either(st.lists(an_message, min_size=1, max_size=3)),
         },
@@ -267,7 +301,7 @@ ROUTES: dict[str, tuple[dict[str, st.SearchStrategy[Any]], dict[str, st.SearchSt
     ),
     "/v1/messages/count_tokens": (
         {
-            "model": either(st.just("fake-model")),
+            "model": model,
             "messages": either(st.lists(an_message, min_size=1, max_size=3)),
         },
         MESSAGES,
@@ -326,6 +360,8 @@ def server() -> Iterator[tuple[asyncio.AbstractEventLoop, App]]:
 
 def check_reply(path: str, reply: Reply) -> None:
     assert 200 <= reply.status < 500, (reply.status, reply.body[:400])
+    for name, value in reply.header_list:  # client text in a header: escaped, short
+        assert value.isascii() and value.isprintable() and len(value) <= MAX_HEADER_VALUE, (name, value[:80])
     if reply.headers.get("content-type", "").startswith("text/event-stream"):
         text = reply.body.decode()
         assert '"server_error"' not in text and '"api_error"' not in text, text[-400:]
