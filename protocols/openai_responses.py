@@ -25,6 +25,7 @@ from engine.types import Request, SamplingParams
 from protocols import conversation as conv
 from protocols import openai_common as common
 from protocols import openai_render as render
+from protocols import reasoning as thinking_control
 from protocols import structured
 from protocols.contract import Job, NotFound, ProtocolContext, Result
 from protocols.responses_compact import COMPACT_DECODER, CompactJob, compact_job, compacted
@@ -191,10 +192,8 @@ def _grammar(req: ResponsesBody, template: list[dict[str, Any]], choice: Choice)
     return structured.pick(calls, output, "text.format")
 
 
-def _thinking(reasoning: ReasoningConfig | None) -> bool | None:
-    if reasoning is None or reasoning.effort is None:
-        return None
-    return reasoning.effort != "none"
+def _effort(reasoning: ReasoningConfig | None) -> str | None:
+    return None if reasoning is None else reasoning.effort
 
 
 def _sampling(ctx: ProtocolContext, req: ResponsesBody) -> SamplingParams:
@@ -267,7 +266,9 @@ class OpenAIResponses:
         choice = tool_choice(req.tool_choice, tools)
         template = tools.template if choice.mode != "none" else []
         messages = template_messages(req.instructions, history + new_input, tools.model_name, len(history))
-        kwargs = conv.thinking_kwargs(_thinking(req.reasoning))
+        effort = _effort(req.reasoning)
+        kwargs = thinking_control.effort_kwargs(effort)
+        thinking = thinking_control.thinking_budget(ctx, None, None, "reasoning.effort", effort)
         constraint = _grammar(req, template, choice)
         ids = conv.render_prompt(ctx, messages, template or None, kwargs, "input")
         request = Request(
@@ -278,6 +279,8 @@ class OpenAIResponses:
             tools=tuple(template) or None,
             grammar=constraint.grammar,
             forced_tool_calls=constraint.forced,
+            thinking_budget=thinking.tokens,
+            thinking_budget_message=thinking.message,
         )
         return ResponsesJob(
             request,

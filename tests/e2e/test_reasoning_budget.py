@@ -118,3 +118,16 @@ def test_anthropic_budget_tokens_bound_the_thinking_block(
     kinds = [block.type for block in reply.content]
     assert kinds[0] == "thinking" and "text" in kinds
     assert reply.content[0].thinking == text(tokenizer, tokens[:3])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("effort", "budget"), [(None, 6), ("none", 0)])
+def test_responses_reasoning_runs_under_the_servers_budget_and_effort_none_closes_it(
+    server: ServerProcess, greedy: tuple[list[int], Any], effort: str | None, budget: int
+) -> None:
+    tokens, tokenizer = greedy
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    extra: Any = {} if effort is None else {"reasoning": {"effort": effort}}
+    response = client.responses.create(model="default", input=QUESTION, max_output_tokens=MAX_TOKENS, **extra)  # type: ignore[arg-type]
+    thoughts = [c.text for item in response.output if item.type == "reasoning" for c in item.content or []]
+    assert "".join(thoughts) == text(tokenizer, tokens[:budget])
+    assert response.output_text
