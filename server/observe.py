@@ -25,8 +25,10 @@ from server.connections import OncePerInterval
 from server.metrics import ChoiceDone, Metrics, RequestDone
 from server.routes import OTHER, RouteTable, method_label
 from server.shutdown import Drain
+from server.writer import header_value
 
 log = logging.getLogger("mlx_serve.access")
+MAX_LOGGED_PARAM = 120
 RECORD_KEY = "mlx_serve.record"
 OBSERVER_KEY = "mlx_serve.observer"  # a WebSocket's scope: the observer its turns report to
 
@@ -106,7 +108,10 @@ class RequestRecord:
 
     def refused(self, exc: ServeError) -> None:
         kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
-        self.refusal = kind + (f" param={exc.param}" if exc.param else "")
+        # the param may carry client text (a logit_bias key, a tool name): escaped and cut short
+        self.refusal = kind + (
+            f" param={header_value(exc.param).decode()[:MAX_LOGGED_PARAM]}" if exc.param else ""
+        )
 
     def wrote(self, now: float) -> None:
         if self.first_write is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -170,3 +171,25 @@ def test_trace_on_a_full_disk_drops_whole_lines_and_says_so_once(tmp_path: Path)
     assert out.stdout.split() == ["dropped", str(200 - len(lines))]
     logged = [line for line in out.stderr.splitlines() if line.startswith("LOG ")]
     assert len(logged) == 1 and "lines dropped" in logged[0]
+
+
+def test_client_text_in_a_refusal_reaches_the_access_log_escaped_and_short(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from server.metrics import Metrics
+    from server.observe import RequestObserver
+
+    engine, _ = fake_engine(["a", "b"])
+    key = "\x1b[31m\r\nforged=1" + "7" * 5000
+    body = json.dumps({"messages": USER, "max_tokens": 2, "logit_bias": {key: 1}}).encode()
+
+    async def go() -> Any:
+        app = App(Config(), engine)
+        engine.start()
+        await engine.wait_ready()
+        return await call(RequestObserver(app, Metrics()), "POST", "/v1/chat/completions", body)
+
+    with caplog.at_level(logging.INFO, logger="mlx_serve.access"):
+        assert asyncio.run(go()).status == 400
+    [line] = [r.getMessage() for r in caplog.records if r.name == "mlx_serve.access"]
+    assert "param=logit_bias." in line and line.isprintable() and len(line) < 600
