@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import openai
@@ -434,3 +435,15 @@ def test_parse_warns_when_the_servers_default_limit_applies(
     limit = f"stops at the server's default of {ctx.defaults.max_tokens} tokens (--max-tokens)"
     assert [w for w in job.warnings if limit in w] == ([job.warnings[0]] if warned else [])
     assert job.request.max_tokens == fields.get("max_tokens", fields.get("max_completion_tokens", 256))
+
+
+def test_parse_thinking_budget_reaches_the_engine_request(ctx: ProtocolContext) -> None:
+    thinking = replace(ctx, tokenizer=replace(ctx.tokenizer, thinks=True))  # type: ignore[type-var]
+    request = parse(thinking, messages=[USER], thinking_budget_tokens=9, thinking_budget_message="ok").request
+    assert (request.thinking_budget, request.thinking_budget_message) == (9, tuple(b"ok"))
+    assert parse(thinking, messages=[USER], reasoning_effort="none").request.thinking_budget == 0
+    assert parse(thinking, messages=[USER]).request.thinking_budget is None
+
+
+def test_parse_refuses_a_thinking_budget_below_minus_one(ctx: ProtocolContext) -> None:
+    assert parse_error(ctx, messages=[USER], thinking_budget_tokens=-2).param == "thinking_budget_tokens"

@@ -172,3 +172,12 @@ def test_config_max_step_ms_reaches_the_engine_in_seconds(capsys: pytest.Capture
     with pytest.raises(SystemExit):
         load_config(["--max-step-ms", "-1"])
     assert "--max-step-ms must be 0 (off) or more" in capsys.readouterr().err
+
+
+def test_config_reasoning_budget_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert load_config([]).reasoning_budget == -1  # llama.cpp's default: unbounded
+    c = load_config(["--reasoning-budget", "0", "--reasoning-budget-message", "Answer now."])
+    assert (c.reasoning_budget, c.reasoning_budget_message) == (0, "Answer now.")
+    with pytest.raises(SystemExit):
+        load_config(["--reasoning-budget", "-2"])
+    assert "--reasoning-budget must be -1" in capsys.readouterr().err

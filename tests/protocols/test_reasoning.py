@@ -1,0 +1,53 @@
+"""A request's thinking budget over the server's, and effort as template variables."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from protocols import reasoning
+from protocols.contract import ProtocolContext
+
+
+@pytest.fixture
+def thinking(ctx: ProtocolContext) -> ProtocolContext:
+    tokenizer = replace(ctx.tokenizer, thinks=True)  # type: ignore[type-var]
+    defaults = replace(ctx.defaults, reasoning_budget=64, reasoning_budget_message="Enough.")
+    return replace(ctx, tokenizer=tokenizer, defaults=defaults)
+
+
+@pytest.mark.parametrize(
+    ("asked", "effort", "tokens"),
+    [(None, None, 64), (10, None, 10), (0, None, 0), (-1, None, None), (None, "none", 0), (None, "high", 64)],
+)
+def test_the_requests_budget_wins_over_the_servers(
+    thinking: ProtocolContext, asked: int | None, effort: str | None, tokens: int | None
+) -> None:
+    got = reasoning.thinking_budget(thinking, asked, None, "thinking_budget_tokens", effort)
+    assert got.tokens == tokens and not got.warnings
+
+
+def test_the_requests_message_wins_over_the_servers(thinking: ProtocolContext) -> None:
+    server = reasoning.thinking_budget(thinking, 5, None, "p")
+    asked = reasoning.thinking_budget(thinking, 5, "Stop.", "p")
+    silent = reasoning.thinking_budget(thinking, 5, "", "p")
+    encode = thinking.tokenizer.encode_continuation
+    assert (server.message, asked.message, silent.message) == (
+        tuple(encode("Enough.")),
+        tuple(encode("Stop.")),
+        (),
+    )
+
+
+def test_a_model_that_does_not_think_serves_a_budget_with_a_warning_naming_it(ctx: ProtocolContext) -> None:
+    got = reasoning.thinking_budget(ctx, 100, None, "thinking.budget_tokens")
+    assert got.tokens is None and len(got.warnings) == 1 and "`thinking.budget_tokens`" in got.warnings[0]
+    server_only = replace(ctx, defaults=replace(ctx.defaults, reasoning_budget=8))
+    assert reasoning.thinking_budget(server_only, None, None, "p") == reasoning.ThinkingBudget()
+
+
+def test_effort_goes_to_the_templates_switches() -> None:
+    assert reasoning.effort_kwargs(None) == {}
+    assert reasoning.effort_kwargs("none") == {"enable_thinking": False, "reasoning_effort": "none"}
+    assert reasoning.effort_kwargs("low") == {"enable_thinking": True, "reasoning_effort": "low"}
