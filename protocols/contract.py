@@ -95,6 +95,8 @@ class ProtocolContext:
     # The names the model is served under: those listed, and the check of any name.
     listed: tuple[str, ...] = ()
     accepts: Callable[[str], bool] | None = None
+    # An embedding model's vector size (it serves embeddings only); None: a generation model.
+    dimensions: int | None = None
     # Claude Code's `x-anthropic-billing-header` system block reaches the prompt (--keep-billing-header).
     keep_billing_header: bool = False
     # The `anthropic-beta` header's names (a beta a body cannot name: cache-diagnosis-2026-04-07).

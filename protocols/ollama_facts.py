@@ -1,5 +1,5 @@
 """What Ollama clients read about the models before they chat: GET /api/tags, POST /api/show,
-GET /api/ps, GET /api/version, and the embedding routes' answer for a generation model.
+GET /api/ps and GET /api/version.
 
 Each is a whole answer from the request body and the protocol context, `(status, body)`, with
 errors in Ollama's shape. A name without a tag is listed as `name:latest` (how Ollama spells
@@ -100,12 +100,17 @@ def show(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
         return exc.status, error_body(exc)
     template = _template(ctx)
     capabilities = ["completion", "tools"] + (["thinking"] if "<think>" in template else [])
-    info = {
+    if ctx.dimensions is not None:
+        capabilities = ["embedding"]
+    info: dict[str, Any] = {
         "general.architecture": ARCHITECTURE,
         "general.basename": ctx.model_id,
         f"{ARCHITECTURE}.context_length": ctx.context_length,
-        f"{ARCHITECTURE}.vocab_size": ctx.tokenizer.vocab_size,
     }
+    if ctx.dimensions is None:
+        info[f"{ARCHITECTURE}.vocab_size"] = ctx.tokenizer.vocab_size
+    else:  # an encoder's tokenizer is not mlx-lm's: its size is not asked of it
+        info[f"{ARCHITECTURE}.embedding_length"] = ctx.dimensions
     out = {
         "license": "",
         "modelfile": f"# served by mlx-serve\nFROM {ctx.model_id}\n",
@@ -128,12 +133,3 @@ def _check_name(name: str, ctx: ProtocolContext) -> None:
     bare = name.removesuffix(LATEST)
     if ctx.accepts is not None and not ctx.accepts(bare):
         raise NotFound(f"model '{name}' not found", param="model")
-
-
-def embed(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
-    """POST /api/embed and /api/embeddings on a generation model: a 400 that says why."""
-    exc = InvalidRequest(
-        f"model '{ctx.model_id}' is not an embedding model: serve an embedding model for /api/embed",
-        param="model",
-    )
-    return exc.status, error_body(exc)

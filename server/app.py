@@ -20,6 +20,7 @@ from engine.validation import Limits, validate_call
 from protocols import (
     anthropic_messages,
     ollama,
+    ollama_embed,
     ollama_facts,
     openai_chat,
     openai_completions,
@@ -122,8 +123,8 @@ class App:
             Route("POST", "/api/show", answer(ollama_facts.show), ol),
             Route("GET", "/api/ps", answer(ollama_facts.ps), ol),
             Route("GET", "/api/version", answer(ollama_facts.version), ol),
-            Route("POST", "/api/embed", answer(ollama_facts.embed), ol),
-            Route("POST", "/api/embeddings", answer(ollama_facts.embed), ol),
+            Route("POST", "/api/embed", self.embedding(ollama_embed.EMBED), ol),
+            Route("POST", "/api/embeddings", self.embedding(ollama_embed.EMBEDDINGS), ol),
         ]
 
     def _token_routes(self) -> list[Route]:
@@ -300,7 +301,7 @@ class App:
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
             body = await self._read_body(scope, receive)
             names = self.names()
-            ctx = replace(self.context(scope), listed=tuple(names.listed), accepts=names.accepts)
+            ctx = replace(self._facts_context(scope), listed=tuple(names.listed), accepts=names.accepts)
             status, out = await asyncio.to_thread(_nesting_bounded, fn, body, ctx)
             await send_json(send, status, out)
 
@@ -313,6 +314,28 @@ class App:
         self._check_model(job.model)
         result = await self.engine.embed(job.inputs, job.dimensions)
         await send_json(send, 200, openai_embeddings.to_json(job, result, self.names().model_id))
+
+    def _facts_context(self, scope: Scope) -> ProtocolContext:
+        """The context of routes that tell about the model: an embedding model's too."""
+        model = self.engine.model
+        if model is None or model.dimensions is None:
+            return self.context(scope)
+        return ProtocolContext(
+            model.model_id, model.tokenizer, Defaults(), self.created, model.context_length,
+            dimensions=model.dimensions,
+        )  # fmt: skip
+
+    def embedding(self, fmt: ollama_embed.OllamaEmbed) -> Handler:
+        """Ollama's embeddings routes: its parse, the engine's vectors, its answer."""
+
+        async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+            body = await self._read_body(scope, receive)
+            job = await asyncio.to_thread(fmt.parse, body)
+            self._check_model(job.model)
+            result = await self.engine.embed(job.inputs, job.dimensions)
+            await send_json(send, 200, fmt.to_json(job, result), warning_headers(job.warnings))
+
+        return handle
 
     # -- generation ---------------------------------------------------------------------
 

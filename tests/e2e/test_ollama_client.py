@@ -113,8 +113,9 @@ def test_errors_are_ollama_shaped(client: ollama.Client, smollm_server: ServerPr
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="m", messages=QUESTION, options={"top_p": 3})
     assert e.value.status_code == 400 and "options.top_p" in e.value.error
-    r = httpx.post(smollm_server.url + "/api/embed", json={"model": "m", "input": "x"})
-    assert r.status_code == 400 and "not an embedding model" in r.json()["error"]
+    with pytest.raises(ollama.ResponseError) as e:
+        client.embed(model="m", input="x")
+    assert e.value.status_code == 400 and "no embeddings" in e.value.error
 
 
 def test_ignored_options_and_keep_alive_are_named_in_warnings(smollm_server: ServerProcess) -> None:
@@ -175,3 +176,36 @@ def test_tool_round_trip_answers_from_the_result(qwen: ollama.Client) -> None:
              {"role": "user", "content": "So how warm is it there, in degrees?"}]  # fmt: skip
     r = qwen.chat(model="m", messages=again, tools=[WEATHER], options={"temperature": 0, "num_predict": 48})
     assert "17" in (r.message.content or "")
+
+
+# --- embeddings, on a real embedding model -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log: Path = tmp_path_factory.mktemp("logs") / "minilm-ollama.log"
+    proc = ServerProcess(["--model", "all-minilm-l6-v2"], log, bare=True)
+    yield proc
+    proc.close()
+
+
+def test_embed_equals_the_openai_route(minilm: ServerProcess) -> None:
+    client = ollama.Client(host=minilm.url, timeout=120)
+    name = client.list().models[0].model
+    assert name and name.endswith(":latest")
+    texts = ["A man is eating food.", "A man is eating a piece of bread."]
+    r = client.embed(model=name, input=texts)
+    want = openai.OpenAI(base_url=minilm.url + "/v1", api_key="unused").embeddings.create(
+        model=name.removesuffix(":latest"), input=texts, encoding_format="float"
+    )
+    shown = client.show(name)
+    assert (
+        shown.capabilities == ["embedding"]
+        and shown.modelinfo
+        and shown.modelinfo["mlx.embedding_length"] == 384
+    )
+    assert len(r.embeddings) == 2 and len(r.embeddings[0]) == 384 and r.model == name
+    for got, expected in zip(r.embeddings, want.data, strict=True):
+        assert got == pytest.approx(expected.embedding, abs=1e-6)
+    legacy = client.embeddings(model=name, prompt=texts[0])
+    assert legacy.embedding == pytest.approx(r.embeddings[0], abs=1e-6)

@@ -7,11 +7,21 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
-from ollama import ChatResponse, GenerateResponse, ListResponse, ProcessResponse, ShowResponse
+from ollama import (
+    ChatResponse,
+    EmbeddingsResponse,
+    EmbedResponse,
+    GenerateResponse,
+    ListResponse,
+    ProcessResponse,
+    ShowResponse,
+)
 
 from engine.errors import InvalidRequest
+from engine.host.client import Embeddings
 from engine.types import (
     EngineTimings,
     Finished,
@@ -23,7 +33,7 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols import ollama, ollama_facts
+from protocols import ollama, ollama_embed, ollama_facts
 from protocols.contract import Frames, Framing, ProtocolContext, Result, ToolCall
 from protocols.ollama_render import OllamaJob
 from server.writer import encode
@@ -306,6 +316,34 @@ def test_show_answers_served_names_only(ctx: ProtocolContext) -> None:
     assert facts(ollama_facts.show, ctx, {})[0] == 400
 
 
-def test_embed_on_a_generation_model_says_why(ctx: ProtocolContext) -> None:
-    status, body = facts(ollama_facts.embed, ctx, {"model": "m", "input": "x"})
-    assert status == 400 and "not an embedding model" in body["error"]
+def test_embed_reads_input_or_prompt_and_answers_in_ollamas_shapes() -> None:
+    job = ollama_embed.EMBED.parse(orjson.dumps({"model": "e:latest", "input": ["a", "b"], "dimensions": 2}))
+    assert (job.inputs, job.model, job.echo, job.dimensions, job.warnings) == (
+        ["a", "b"],
+        "e",
+        "e:latest",
+        2,
+        (),
+    )
+    vectors = Embeddings(np.array([[0.5, 0.25], [1.0, 0.0]], dtype=np.float32), prompt_tokens=4)
+    body = orjson.loads(ollama_embed.EMBED.to_json(job, vectors))
+    assert body["embeddings"] == [[0.5, 0.25], [1.0, 0.0]] and body["prompt_eval_count"] == 4
+    assert EmbedResponse.model_validate(body).model == "e:latest"
+    legacy = ollama_embed.EMBEDDINGS.parse(orjson.dumps({"model": "e", "prompt": "a", "keep_alive": 0}))
+    assert legacy.inputs == ["a"] and "keep_alive" in legacy.warnings[0]
+    assert EmbeddingsResponse.model_validate_json(
+        ollama_embed.EMBEDDINGS.to_json(legacy, vectors)
+    ).embedding == [0.5, 0.25]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "body", "param"),
+    [(ollama_embed.EMBED, {"input": []}, "input"), (ollama_embed.EMBED, {}, "input"),
+     (ollama_embed.EMBEDDINGS, {"input": "a"}, "prompt"), (ollama_embed.EMBED, {"input": [1]}, "input[0]")],
+)  # fmt: skip
+def test_embed_refuses_what_it_cannot_read(
+    fmt: ollama_embed.OllamaEmbed, body: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        fmt.parse(orjson.dumps(body))
+    assert e.value.param == param
