@@ -33,6 +33,7 @@ from protocols.anthropic_threads import ThreadStore
 from protocols.contract import (
     Defaults,
     ErrorFormat,
+    EventStream,
     Handler,
     Job,
     Message,
@@ -55,6 +56,7 @@ from server.names import ServedNames
 from server.observe import record_of
 from server.page import Page
 from server.recent import RecentRequests
+from server.responses_socket import ResponsesSocket
 from server.routes import Fit, RouteTable
 from server.writer import collect, header_value, send_json, stream_sse, warning_headers
 
@@ -67,6 +69,7 @@ RETRY_AFTER_LOADING_S = 5
 CHAT_NAMES = {"prompt_tokens": "messages", "logprobs": "top_logprobs"}
 COMPLETION_NAMES = {"prompt_tokens": "prompt"}
 MESSAGES_NAMES = {"prompt_tokens": "messages", "stop": "stop_sequences"}
+SOCKET_PATH = "/v1/responses"  # Responses over WebSocket (server.responses_socket)
 RESPONSES_NAMES = {"prompt_tokens": "input", "max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}
 
 
@@ -143,6 +146,8 @@ class App:
             await self.lifespan(receive, send)
         elif scope["type"] == "http":
             await self.dispatch(scope, receive, send)
+        elif scope["type"] == "websocket" and scope["path"].rstrip("/") == SOCKET_PATH:
+            await ResponsesSocket(self, self.responses, SOCKET_PATH)(scope, receive, send)
         elif scope["type"] == "websocket":
             await self.refuse_websocket(scope, receive, send)
 
@@ -158,9 +163,10 @@ class App:
                 return
 
     async def refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """No WebSocket mode: the upgrade is refused (Hypercorn answers 403), never a 500."""
+        """A WebSocket anywhere but /v1/responses: the upgrade is refused (Hypercorn answers
+        403), never a 500."""
         await receive()  # websocket.connect
-        log.info("refused a WebSocket upgrade on %s: WebSocket mode is not served", scope.get("path"))
+        log.info("refused a WebSocket upgrade on %s: only %s takes one", scope.get("path"), SOCKET_PATH)
         await send({"type": "websocket.close", "code": 1008})
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -344,6 +350,15 @@ class App:
             await self._generate(fmt, names, scope, receive, send)
 
         return handle
+
+    async def prepare(self, fmt: WireFormat, body: bytes, ctx: ProtocolContext) -> tuple[Job, list[Request]]:
+        """A Responses turn on a WebSocket: its job and engine requests, checked as over HTTP."""
+        job, requests = await asyncio.to_thread(self._parse, fmt, RESPONSES_NAMES, body, ctx)
+        self._check_model(job.model)
+        return job, requests
+
+    def submit(self, requests: list[Request]) -> EventStream:
+        return self.engine.submit(requests)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         return await read_body(scope, receive, self.config.max_body_bytes, self.config.body_timeout_s)

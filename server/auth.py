@@ -18,7 +18,7 @@ from pathlib import Path
 from protocols.contract import ASGIApp, Receive, Scope, Send, Unauthorized
 from server.config import Config
 from server.routes import RouteTable
-from server.writer import send_json
+from server.writer import refuse_websocket, send_json
 
 log = logging.getLogger("mlx_serve.auth")
 PRINCIPAL_KEY = "mlx_serve.principal"  # set in the scope when a request carried an accepted key
@@ -82,6 +82,12 @@ class ApiKeys:
         return next((p for p, ok in matches if ok), None)
 
 
+UNAUTHORIZED = Unauthorized(
+    "missing or invalid API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+)
+CHALLENGE = (b"www-authenticate", b'Bearer realm="mlx-serve"')
+
+
 class AuthMiddleware:
     """ASGI middleware: 401 in the route's own error shape unless the request carries a key.
 
@@ -95,14 +101,26 @@ class AuthMiddleware:
         self.table = table
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._socket(scope, receive, send)
+            return
         if scope["type"] != "http" or self._allowed(scope):
             await self.app(scope, receive, send)
             return
-        exc = Unauthorized(
-            "missing or invalid API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
-        )
-        body = self.table.errors_for(scope["path"]).error_body(exc)
-        await send_json(send, exc.status, body, [(b"www-authenticate", b'Bearer realm="mlx-serve"')])
+        body = self.table.errors_for(scope["path"]).error_body(UNAUTHORIZED)
+        await send_json(send, UNAUTHORIZED.status, body, [CHALLENGE])
+
+    async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket upgrade carries the key in its handshake, or is answered 401."""
+        key = self.keys.matching(presented_keys(scope.get("headers", []))) if self.keys else None
+        if key is not None:
+            scope[PRINCIPAL_KEY] = principal_of(key)
+        if key is not None or not self.keys:
+            await self.app(scope, receive, send)
+            return
+        await receive()  # websocket.connect
+        body = self.table.errors_for(scope["path"]).error_body(UNAUTHORIZED)
+        await refuse_websocket(scope, send, UNAUTHORIZED.status, body, [CHALLENGE])
 
     def _allowed(self, scope: Scope) -> bool:
         if not self.keys or scope["method"] == "OPTIONS":

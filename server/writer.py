@@ -5,7 +5,8 @@ It knows nothing of formats: a protocol's renderer turns engine events into fram
 them as bytes.
 It owns the headers, the framing, the heartbeat cadence, the end of the body and the
 disconnect watch (Hypercorn's send() does not fail after a client leaves, so receive() is
-watched for http.disconnect and the engine told at once).
+watched for http.disconnect and the engine told at once). On a WebSocket (Responses over
+WebSocket) the same frames go out as one text message per event.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from protocols.contract import (
     JsonLine,
     Receive,
     Result,
+    Scope,
     Send,
     SseComment,
     StreamRenderer,
@@ -229,6 +231,62 @@ async def _pump(stream: EventStream, renderer: StreamRenderer, body: _BodySender
         await body(b"".join(chunk))
         if item is None:
             return
+
+
+# --- WebSocket messages (Responses over WebSocket) ---------------------------------------------
+
+
+def websocket_text(frame: Frame) -> str | None:
+    """An event's JSON as one WebSocket text message; None for what only SSE has (comments,
+    the literal `[DONE]`): a socket's answer ends with its terminal event."""
+    if isinstance(frame, SseComment) or isinstance(frame.data, str):
+        return None
+    return orjson.dumps(frame.data).decode()
+
+
+async def send_websocket(send: Send, frames: Iterable[Frame]) -> None:
+    for frame in frames:
+        text = websocket_text(frame)
+        if text is not None:
+            await send({"type": "websocket.send", "text": text})
+
+
+async def stream_websocket(
+    send: Send, stream: EventStream, renderer: StreamRenderer, gone: asyncio.Event
+) -> None:
+    """One answer on an open socket: a message per event, the renderer's error events on a
+    ServeError, the engine told at once when the client leaves (`gone`)."""
+
+    async def watch() -> None:
+        await gone.wait()
+        stream.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await send_websocket(send, renderer.start())
+        while (item := await stream.next()) is not None:
+            i, ev = item
+            frames = renderer.finish(ev, i) if isinstance(ev, Finished) else renderer.delta(ev, i)
+            await send_websocket(send, frames)
+    except ServeError as exc:
+        await send_websocket(send, renderer.error(exc))
+    finally:
+        watcher.cancel()
+        stream.cancel()
+
+
+async def refuse_websocket(
+    scope: Scope, send: Send, status: int, body: bytes, extra: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    """A handshake answered with an HTTP error in the route's envelope where the server can
+    (ASGI's websocket.http.response), else closed (Hypercorn then answers 403)."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += safe_headers(extra)
+    await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
 
 
 class _BodySender:
