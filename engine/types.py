@@ -181,6 +181,8 @@ class Counters:
     num_requests_running: int = 0  # gauges, refreshed every engine step
     num_requests_waiting: int = 0
     kv_cache_usage_perc: float = 0.0  # KV tokens held / the admission plan's KV capacity
+    prefix_cache_bytes: int = 0  # what the prefix cache holds in memory,
+    prefix_cache_blocks: int = 0  # in this many blocks (entries, where caches are not cut in blocks)
     # The loop's own account (how full the batch ran, how much of the time was spent joining):
     engine_steps: int = 0  # steps run
     engine_step_rows: int = 0  # decoding rows summed over steps (÷ steps: the batch's mean width)

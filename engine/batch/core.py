@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from engine.batch.core_parts import IdleWork, LoneRunner, Ticket
+from engine.batch.core_parts import IdleWork, LoneRunner, PrefixHolding, Ticket
 from engine.batch.request_lifecycle import RequestLifecycle
 from engine.batch.scheduler import SeqState
 from engine.errors import EngineFailed
@@ -97,6 +97,8 @@ class Core(RequestLifecycle):
         if cap:
             held = sum(s.num_computed + s.num_generated for s in (*sched.prefilling, *sched.decoding))
             c.kv_cache_usage_perc = round(held / cap, 6)
+        if isinstance(store := self.prefix_cache, PrefixHolding):
+            c.prefix_cache_bytes, c.prefix_cache_blocks = store.nbytes, len(store)
 
     def _step_guarded(self) -> None:
         try:

@@ -40,6 +40,16 @@ class Runner(Protocol):
 
 
 @runtime_checkable
+class PrefixHolding(Protocol):
+    """A prefix cache that says what it holds (the block store, the whole-entry cache): /stats' gauges."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
+@runtime_checkable
 class LoneRunner(Protocol):
     """A runner that can step one plain row without a plan (BatchRunner; see Core._step_alone)."""
 

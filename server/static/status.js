@@ -138,13 +138,15 @@ async function healthError() {
   }
 }
 
-// Whatever prefix-cache counters the engine reports beside the token counts.
+const EXTRAS = { prefix_cache_bytes: "held", prefix_cache_blocks: "blocks", prompt_tokens_from_disk: "read from disk" };
+
+// What the prefix cache holds, and whatever other prefix-cache counters the engine reports.
 function showExtras(stats) {
   const list = $("prefix-extras");
-  const keys = Object.keys(stats).filter((k) => /^(prefix|prompt)_cache_/.test(k));
+  const keys = Object.keys(stats).filter((k) => k in EXTRAS || /^(prefix|prompt)_cache_/.test(k));
   list.replaceChildren(
     ...keys.flatMap((k) => {
-      const name = k.replace(/^(prefix|prompt)_cache_/, "").replaceAll("_", " ");
+      const name = EXTRAS[k] ?? k.replace(/^(prefix|prompt)_cache_/, "").replaceAll("_", " ");
       return [cell("dt", name), cell("dd", formatCount(k, stats[k]))];
     }),
   );

@@ -133,6 +133,12 @@ def test_page_shows_the_model_ready_and_streams_the_greedy_answer(
     )
     wait_until(lambda: served.count() >= 2, 10)  # the page's request and the replay, in the status view
     assert "tokens" in page.text_content(".msg.assistant .meta")
+    stats = page_server.stats()
+    assert int(str(stats["prefix_cache_bytes"])) > 0 and int(str(stats["prefix_cache_blocks"])) > 0
+    held = page.locator("#prefix-extras dt", has_text="held").locator("xpath=following-sibling::dd[1]")
+    wait_until(
+        lambda: held.count() == 1 and "iB" in (held.text_content() or ""), 5
+    )  # what it holds, in bytes
     check_screenshot(page, page.screenshot(path=str(tmp_path / "page.png")))
 
 
