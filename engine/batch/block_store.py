@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from engine.batch.disk_tier import DiskTier
 
 BLOCK_TOKENS = 256
+KV_STEP = 256  # mlx-lm's KVCache grows its buffers by this many slots
 ROOT_KEY = b"mlx-serve prefix root"
 SEEN_KEYS = 1 << 20  # block keys remembered after eviction, to tell an evicted prefix from a cold one
 
@@ -158,7 +159,7 @@ class BlockStore:
         self._evict()  # blocks read back from disk take room too
         self.stats.hits += 1
         self.stats.cached_tokens += n
-        self.last = Found(_copy(run), n, from_disk, miss)
+        self.last = Found(_copy(run, len(tokens) - n), n, from_disk, miss)
         return self.last.cache, n
 
     def _walk(self, tokens: tuple[int, ...], limit: int) -> tuple[list[tuple[Block, int]], int, int]:
@@ -284,22 +285,24 @@ def _layers(cache: list[CacheLayer]) -> list[tuple[mx.array, mx.array]]:
     return out
 
 
-def _copy(run: list[tuple[Block, int]]) -> list[CacheLayer]:
-    """One plain KV cache per layer holding the run's positions, that the row writes past freely."""
+def _copy(run: list[tuple[Block, int]], room: int) -> list[CacheLayer]:
+    """One plain KV cache per layer holding the run's positions, with `room` more slots (rounded
+    up to mlx-lm's 256-slot steps) for the rest of the prompt: one copy, where growing the
+    cache as the prompt is written would copy all of it again."""
     out: list[CacheLayer] = []
     with mx.stream(generation_stream):
         for layer in range(len(run[0][0].keys)):
             c = KVCache()
-            c.keys = _join(
-                [b.keys[layer] if m == len(b.tokens) else b.keys[layer][..., :m, :] for b, m in run]
-            )
-            c.values = _join(
-                [b.values[layer] if m == len(b.tokens) else b.values[layer][..., :m, :] for b, m in run]
-            )
-            c.offset = int(c.keys.shape[2])
+            c.keys = _join([b.keys[layer][..., :m, :] for b, m in run], room)
+            c.values = _join([b.values[layer][..., :m, :] for b, m in run], room)
+            c.offset = sum(m for _, m in run)
             out.append(c)
     return out
 
 
-def _join(parts: list[mx.array]) -> mx.array:
+def _join(parts: list[mx.array], room: int) -> mx.array:
+    if room > 0:
+        b, h, _, d = parts[0].shape
+        step = KV_STEP
+        parts = [*parts, mx.zeros((b, h, -(-room // step) * step, d), parts[0].dtype)]
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)

@@ -169,9 +169,11 @@ class DiskTier:
             total -= size
 
     def close(self) -> None:
-        """Write what is queued, then stop the writer."""
-        self._queue.put(None)
-        self._writer.join()
+        """Write what is queued, then stop the writer (the tier is off from then on)."""
+        if self._writer.is_alive():
+            self._queue.put(None)
+            self._writer.join()
+        self.enabled = False
 
     # -- read -------------------------------------------------------------------------
 

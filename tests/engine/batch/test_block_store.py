@@ -42,8 +42,8 @@ def expect(found: list[Any] | None, tokens: list[int]) -> None:
     for got, w in zip(found, want):
         assert isinstance(got, KVCache) and got.offset == len(tokens)
         assert got.keys is not None and w.keys is not None and got.values is not None and w.values is not None
-        assert mx.array_equal(got.keys, w.keys[..., : len(tokens), :]).item()
-        assert mx.array_equal(got.values, w.values[..., : len(tokens), :]).item()
+        assert mx.array_equal(got.keys[..., : got.offset, :], w.keys[..., : len(tokens), :]).item()
+        assert mx.array_equal(got.values[..., : got.offset, :], w.values[..., : len(tokens), :]).item()
 
 
 def block_bytes() -> int:
@@ -73,6 +73,16 @@ def test_lookup_copies_the_longest_cached_run_and_leaves_one_token() -> None:
     assert n == 5
     expect(found, a[:5])
     assert s.lookup((7, 7, 7)) == (None, 0) and s.last.miss is CacheMiss.COLD
+
+
+def test_a_copy_has_room_for_the_rest_of_the_prompt() -> None:
+    s = BlockStore(max_bytes=1 << 30, block_tokens=B)
+    store(s, list(range(1, 9)))
+    found, n = s.lookup((*range(1, 9), *range(300)))  # 300 tokens to prefill after the 8 found
+    assert found is not None and n == 8
+    for c in found:
+        assert isinstance(c, KVCache) and c.keys is not None and c.offset == 8
+        assert c.keys.shape[2] == 8 + 512  # mlx-lm's 256-slot steps: the prompt writes in place
 
 
 def test_a_written_copy_leaves_the_stored_blocks_alone() -> None:
