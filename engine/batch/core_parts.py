@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engine.errors import ServeError
 from engine.types import EngineTimings, Event, Request
@@ -78,6 +78,7 @@ class Ticket:
     request: Request
     emit: Callable[[Event | ServeError], None]
     aborted: threading.Event = field(default_factory=threading.Event)
+    constraint: Any = None  # its grammar compiled off the step loop (a rows.grammar.Constraint), or None
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ Core is a RequestLifecycle, so it calls these as its own methods, with no indire
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -56,6 +57,7 @@ class RequestLifecycle:
         self._cache_notes: dict[str, tuple[int, CacheMiss | None]] = {}  # tokens from disk, miss kind
         self._constraints: dict[str, Constraint] = {}  # grammar state of constrained requests, by id
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
+        self._grammar_lock = threading.Lock()  # prepare_grammar may run on another thread
         scheduler.cached_prefix = self._lookup_prefix
 
     def _lookup_prefix(self, request: Request) -> int:
@@ -81,7 +83,7 @@ class RequestLifecycle:
             self.counters.requests_aborted += 1
             return
         try:
-            constraint = self._constraint(ticket.request)
+            constraint = ticket.constraint or self._constraint(ticket.request)
             self.scheduler.add(ticket.request)
         except ServeError as exc:
             ticket.emit(exc)
@@ -95,11 +97,21 @@ class RequestLifecycle:
         """The request's grammar as a fresh matcher (InvalidRequest if it does not compile)."""
         if request.grammar is None:
             return None
-        if self._grammar_tokenizer is None:
-            from engine.rows.grammar import GrammarTokenizer  # llguidance loads only when used
+        with self._grammar_lock:
+            if self._grammar_tokenizer is None:
+                from engine.rows.grammar import GrammarTokenizer  # llguidance loads only when used
 
-            self._grammar_tokenizer = GrammarTokenizer(self.tokenizer)
+                self._grammar_tokenizer = GrammarTokenizer(self.tokenizer)
         return self._grammar_tokenizer.constraint(request.grammar)
+
+    def prepare_grammar(self, request: Request) -> Constraint | None:
+        """The request's grammar compiled now, on the caller's thread (the engine process's
+        reader), so the step loop does not stall every stream while a large one compiles.
+        None when it has none or fails: the step loop then compiles it and reports the error."""
+        try:
+            return self._constraint(request)
+        except Exception:  # noqa: BLE001 - the step loop's own compile reports it to the client
+            return None
 
     def _reap_aborted(self) -> None:
         for seq_id in [s for s, t in self.tickets.items() if t.aborted.is_set()]:

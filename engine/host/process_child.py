@@ -51,7 +51,9 @@ def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...], log_level: i
         return emit
 
     threading.Thread(
-        target=_child_reader, args=(conn, inbox, tickets, emitter, send, counters), daemon=True
+        target=_child_reader,
+        args=(conn, inbox, tickets, emitter, send, counters, getattr(core, "prepare_grammar", None)),
+        daemon=True,
     ).start()
     import os
 
@@ -66,7 +68,10 @@ def _child_reader(
     emitter: Any,
     send: Any,
     counters: Counters,
+    prepare_grammar: Any = None,
 ) -> None:
+    """The server's messages, read on this thread; a request's grammar is compiled here, off
+    the step loop (which would otherwise stall every stream while a large one compiles)."""
     while True:
         try:
             message = conn.recv()
@@ -75,8 +80,11 @@ def _child_reader(
             return
         if isinstance(message, Submit):
             rid = message.request.id
-            tickets[rid] = Ticket(message.request, emitter(rid))
-            inbox.put(tickets[rid])
+            fresh = Ticket(message.request, emitter(rid))
+            if prepare_grammar is not None and message.request.grammar is not None:
+                fresh.constraint = prepare_grammar(message.request)
+            tickets[rid] = fresh
+            inbox.put(fresh)
         elif isinstance(message, Abort):
             ticket = tickets.pop(message.request_id, None)
             if ticket is not None:
