@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.support.models import qwen_folder
-from tests.support.server_proc import ServerProcess
+from tests.support.server_proc import ServerProcess, assert_disconnect_stops_generation
 
 pytestmark = pytest.mark.real
 
@@ -60,6 +60,11 @@ def test_stream_is_ndjson_by_default(smollm_server: ServerProcess) -> None:
         assert r.headers["content-type"] == "application/x-ndjson"
         lines = [json.loads(line) for line in r.iter_lines() if line]
     assert lines[-1]["done"] is True and all(line["done"] is False for line in lines[:-1])
+
+
+def test_disconnect_mid_stream_stops_generation(smollm_server: ServerProcess) -> None:
+    body = {"model": "m", "messages": STORY, "options": {"num_predict": 2000}}
+    assert_disconnect_stops_generation(smollm_server, "/api/chat", body, 6)
 
 
 def test_generate_equals_chat_and_raw_equals_completions(client: ollama.Client, oa: openai.OpenAI) -> None:
