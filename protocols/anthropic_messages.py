@@ -108,7 +108,7 @@ def parse_body(
     req, turn = _on_thread(req, threads, ctx)
     prompt = render(req, ctx)
     constraint = _grammar(req, prompt.tools)
-    thinking = _thinking_budget(req, ctx)
+    thinking = _thinking_budget(req, ctx).under_grammar(constraint.grammar)
     request = Request(
         id=conv.new_id(ID_PREFIX),
         prompt_tokens=tuple(prompt.ids),

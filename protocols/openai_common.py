@@ -342,6 +342,7 @@ def build_job(
     """The engine request plus the client's delivery choices; `forced_calls` is the grammar
     of a tool_choice that forces calls."""
     constraint = structured.pick(forced_calls, output_grammar(fields), "response_format")
+    thinking = thinking.under_grammar(constraint.grammar) if thinking else None
     request = Request(
         id=f"{id_prefix}-{uuid.uuid4().hex}",
         prompt_tokens=tuple(prompt_tokens),

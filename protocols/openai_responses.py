@@ -268,8 +268,9 @@ class OpenAIResponses:
         messages = template_messages(req.instructions, history + new_input, tools.model_name, len(history))
         effort = _effort(req.reasoning)
         kwargs = thinking_control.effort_kwargs(effort)
-        thinking = thinking_control.thinking_budget(ctx, None, None, "reasoning.effort", effort)
         constraint = _grammar(req, template, choice)
+        thinking = thinking_control.thinking_budget(ctx, None, None, "reasoning.effort", effort)
+        thinking = thinking.under_grammar(constraint.grammar)
         ids = conv.render_prompt(ctx, messages, template or None, kwargs, "input")
         request = Request(
             id=conv.new_id(ID_PREFIX),

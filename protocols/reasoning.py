@@ -28,6 +28,17 @@ class ThinkingBudget:
     tokens: int | None = None
     message: tuple[int, ...] = ()
     warnings: tuple[str, ...] = ()
+    asked_by: str | None = None  # the request's field that set it; None: the server's default
+
+    def under_grammar(self, grammar: str | None) -> ThinkingBudget:
+        """The budget once the answer's grammar is known: a grammar shapes the answer from its
+        first token, so there is no thinking to bound; a request that asked for one is told."""
+        if grammar is None or self.tokens is None:
+            return self
+        if self.asked_by is None:
+            return ThinkingBudget(warnings=self.warnings)
+        note = f"`{self.asked_by}` did not apply: a structured output format or forced tool call leaves no thinking"
+        return ThinkingBudget(warnings=(*self.warnings, warning(note)))
 
 
 def thinking_budget(
@@ -46,7 +57,8 @@ def thinking_budget(
         note = f"{ctx.model_id} does not write its reasoning apart: `{param}` has no thinking to bound"
         return ThinkingBudget(warnings=(warning(note),))
     text = ctx.defaults.reasoning_budget_message if message is None else message
-    return ThinkingBudget(value, tuple(ctx.tokenizer.encode_continuation(text)) if text else ())
+    tokens = tuple(ctx.tokenizer.encode_continuation(text)) if text else ()
+    return ThinkingBudget(value, tokens, asked_by=None if asked is None else param)
 
 
 def effort_kwargs(effort: str | None) -> dict[str, Any]:

@@ -51,3 +51,14 @@ def test_effort_goes_to_the_templates_switches() -> None:
     assert reasoning.effort_kwargs(None) == {}
     assert reasoning.effort_kwargs("none") == {"enable_thinking": False, "reasoning_effort": "none"}
     assert reasoning.effort_kwargs("low") == {"enable_thinking": True, "reasoning_effort": "low"}
+
+
+def test_a_grammar_leaves_no_thinking_to_bound_and_a_request_that_asked_is_told(
+    thinking: ProtocolContext,
+) -> None:
+    asked = reasoning.thinking_budget(thinking, 5, None, "thinking_budget_tokens")
+    server = reasoning.thinking_budget(thinking, None, None, "thinking_budget_tokens")
+    assert asked.under_grammar(None) == asked
+    dropped = asked.under_grammar("start: /x/")
+    assert dropped.tokens is None and "`thinking_budget_tokens` did not apply" in dropped.warnings[0]
+    assert server.under_grammar("start: /x/") == reasoning.ThinkingBudget()
