@@ -93,6 +93,8 @@ def engine_settings(config: Config) -> EngineSettings:
         tool_call_parser=config.tool_call_parser,
         shard=config.shard,
         warmup=config.warmup,
+        stall_s=config.engine_stall_s,
+        restart_stalled=config.engine_stall_action == "restart",
     )
 
 

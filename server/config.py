@@ -70,6 +70,8 @@ class Config:
     heartbeat_s: float = 15 * SECONDS
     startup_timeout_s: float = 600 * SECONDS
     keep_alive_s: float = 75 * SECONDS
+    engine_stall_s: float = 30 * SECONDS  # no engine step this long, work in flight: not responding (0: off)
+    engine_stall_action: str = "restart"  # or "wait": fail the streams, then wait for it to step again
     ui: bool = True  # the page at / (status view and chat playground); --no-ui: / is 404
     blas: str = "auto"
     engine: str = "process"
@@ -226,6 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
     a("--heartbeat-s", type=float, help="seconds between SSE keep-alive comments (15)")
     a("--startup-timeout-s", type=float, help="seconds allowed for model loading (600)")
     a("--keep-alive-s", type=float, help="idle HTTP keep-alive seconds (75)")
+    a(
+        "--engine-stall-s",
+        type=float,
+        help="seconds without an engine step, with work in flight, before the engine reads as not "
+        "responding: /health 503, streams get an error (30; 0: off)",
+    )
+    a(
+        "--engine-stall-action",
+        choices=["restart", "wait"],
+        help="then restart the engine process, or wait for it to step again (restart)",
+    )
     a("--blas", help="Linux CPU BLAS: auto (OpenBLAS when installed), bundled, or a .so path")
     a("--seed", type=int, help="global random seed")
     a(

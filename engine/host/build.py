@@ -80,6 +80,8 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
         capacity=settings.capacity,
         waiting=settings.max_waiting,
         restartable=settings.shard is None,
+        stall_s=settings.stall_s,
+        restart_stalled=settings.restart_stalled,
     )
 
 

@@ -39,6 +39,8 @@ class EngineSettings:
     tool_call_parser: str | None = None  # a tool_formats family name; None: inferred
     shard: str | None = None  # "tensor" or "pipeline": one model over an mlx.launch group (engine.host.shard)
     warmup: bool = True  # compile the usual kernel shapes: some before ready, the rest while idle (GPU)
+    stall_s: float = 30.0  # watchdog: no step this long with work in flight (0: off)
+    restart_stalled: bool = True  # then kill and restart the engine process (False: wait for it)
 
     @property
     def capacity(self) -> int:

@@ -43,4 +43,4 @@ class Progress:
             self.busy, self.moved_at = True, now
 
     def stalled(self, now: float) -> bool:
-        return self.busy and now - self.moved_at > self.stall_s
+        return self.stall_s > 0 and self.busy and now - self.moved_at > self.stall_s

@@ -181,3 +181,13 @@ def test_config_reasoning_budget_flags(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         load_config(["--reasoning-budget", "-2"])
     assert "--reasoning-budget must be -1" in capsys.readouterr().err
+
+
+def test_config_engine_watchdog_flags_reach_the_engine() -> None:
+    from server.cli import engine_settings
+
+    default = engine_settings(load_config([]))
+    assert default.stall_s == 30 and default.restart_stalled is True
+    waiting = engine_settings(load_config(["--engine-stall-s", "5", "--engine-stall-action", "wait"]))
+    assert waiting.stall_s == 5 and waiting.restart_stalled is False
+    assert engine_settings(load_config(["--engine-stall-s", "0"])).stall_s == 0
