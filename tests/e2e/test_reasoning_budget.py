@@ -9,6 +9,7 @@ writes, then the engine forces `</think>` and the model's answer follows.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,27 @@ def test_responses_reasoning_runs_under_the_servers_budget_and_effort_none_close
     thoughts = [c.text for item in response.output if item.type == "reasoning" for c in item.content or []]
     assert "".join(thoughts) == text(tokenizer, tokens[:budget])
     assert response.output_text
+
+
+def test_a_budget_is_per_row_in_a_batch_and_streams_the_same(
+    server: ServerProcess, greedy: tuple[list[int], Any]
+) -> None:
+    tokens, tokenizer = greedy
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+
+    def streamed(budget: int) -> tuple[str, str]:
+        chunks = client.chat.completions.create(
+            model="default",
+            messages=QUESTION,  # type: ignore[arg-type]
+            max_tokens=MAX_TOKENS,
+            stream=True,
+            extra_body={"thinking_budget_tokens": budget},
+        )
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        thought = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+        return thought, "".join(d.content or "" for d in deltas)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(streamed, [5, -1, 2, -1]))
+    assert [r[0] for r in results] == [text(tokenizer, tokens[:n]) for n in (5, MAX_TOKENS, 2, MAX_TOKENS)]
+    assert all(answer for _, answer in results[::2]) and not any(answer for _, answer in results[1::2])
