@@ -122,10 +122,10 @@ class App:
         return [
             Route("POST", "/api/chat", gen(ollama.CHAT, ollama.CHAT_NAMES), ol),
             Route("POST", "/api/generate", gen(ollama.GENERATE, ollama.GENERATE_NAMES), ol),
-            Route("GET", "/api/tags", answer(ollama_facts.tags), ol),
-            Route("POST", "/api/show", answer(ollama_facts.show), ol),
-            Route("GET", "/api/ps", answer(ollama_facts.ps), ol),
-            Route("GET", "/api/version", answer(ollama_facts.version), ol),
+            Route("GET", "/api/tags", answer(ollama_facts.tags, facts=True), ol),
+            Route("POST", "/api/show", answer(ollama_facts.show, facts=True), ol),
+            Route("GET", "/api/ps", answer(ollama_facts.ps, facts=True), ol),
+            Route("GET", "/api/version", answer(ollama_facts.version, facts=True), ol),
             Route("POST", "/api/embed", self.embedding(ollama_embed.EMBED), ol),
             Route("POST", "/api/embeddings", self.embedding(ollama_embed.EMBEDDINGS), ol),
         ]
@@ -300,14 +300,18 @@ class App:
             status, body = self.responses.retrieve(response_id, query, _principal(scope))
         await send_json(send, status, body)
 
-    def answer(self, fn: Callable[[bytes, ProtocolContext], tuple[int, bytes]]) -> Handler:
+    def answer(
+        self, fn: Callable[[bytes, ProtocolContext], tuple[int, bytes]], facts: bool = False
+    ) -> Handler:
         """A route its protocol answers whole from the body (token counts, model facts), off the
-        event loop as tokenizing a big body must be: `fn` gives the status and the body."""
+        event loop as tokenizing a big body must be: `fn` gives the status and the body. Only
+        `facts` routes (what the model is) answer on an embedding model."""
 
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
             body = await self._read_body(scope, receive)
             names = self.names()
-            ctx = replace(self._facts_context(scope), listed=tuple(names.listed), accepts=names.accepts)
+            base = self._facts_context(scope) if facts else self.context(scope)
+            ctx = replace(base, listed=tuple(names.listed), accepts=names.accepts)
             status, out = await asyncio.to_thread(_nesting_bounded, fn, body, ctx)
             await send_json(send, status, out)
 

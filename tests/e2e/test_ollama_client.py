@@ -214,3 +214,5 @@ def test_embed_equals_the_openai_route(minilm: ServerProcess) -> None:
         assert got == pytest.approx(expected.embedding, abs=1e-6)
     legacy = client.embeddings(model=name, prompt=texts[0])
     assert legacy.embedding == pytest.approx(r.embeddings[0], abs=1e-6)
+    r = httpx.post(minilm.url + "/tokenize", json={"content": "hi"})
+    assert r.status_code == 400 and "embedding model" in r.json()["error"]["message"]
