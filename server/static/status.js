@@ -62,6 +62,10 @@ export class StatusView {
   }
 
   showStats(stats) {
+    if (stats.generated_tokens === undefined) {
+      this.previous = null; // no counters until the engine has loaded
+      return;
+    }
     $("rows-running").textContent = stats.num_requests_running;
     $("rows-waiting").textContent = stats.num_requests_waiting;
     const rates = this.rates(stats);

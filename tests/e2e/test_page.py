@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
+from server.app import App
+from server.cli import serving_stack
+from server.config import Config
+from server.shutdown import Drain
+from tests.support.fake_engine import fake_engine
+from tests.support.hypercorn_app import hypercorn_serving
 from tests.support.png import read_png
 from tests.support.server_proc import ServerProcess
 
@@ -182,3 +189,24 @@ def test_page_stop_button_ends_the_generation(page_server: ServerProcess, page: 
     generated = int(str(page_server.stats()["generated_tokens"])) - int(str(before["generated_tokens"]))
     assert generated < 500  # far from the 2000 asked for
     wait_until(lambda: page.text_content("#rows-running") == "0" and live.count() == 0, 5)
+
+
+@pytest.mark.parametrize("load_error", [None, "no weights in /models/missing"])
+def test_page_follows_the_engine_from_loading_to_ready_or_failed(page: Any, load_error: str | None) -> None:
+    """The page says `loading` while the model loads, then `ready` (or `failed`, with the load
+    error on the badge), without a script error on the way."""
+    gate = threading.Event()
+    engine, _ = fake_engine(["a"], load_gate=gate, load_error=load_error)
+    config = Config(model="fake-model")
+    stack, _ = serving_stack(App(config, engine), config, Drain())
+    with hypercorn_serving(stack, ready_path="/") as url:
+        page.goto(url + "/")
+        page.locator("#model-state[data-state=loading]").wait_for(timeout=10_000)
+        gate.set()
+        if load_error is None:
+            page.locator("#model-state[data-state=ready]").wait_for(timeout=10_000)
+            assert page.text_content("#model-name") == "fake-model"
+            wait_until(lambda: page.text_content("#rows-running") == "0", 5)
+        else:
+            page.locator("#model-state[data-state=failed]").wait_for(timeout=10_000)
+            wait_until(lambda: load_error in (page.get_attribute("#model-state", "title") or ""), 5)
