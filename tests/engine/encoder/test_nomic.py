@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.encoder.loader import FOLDER_SHORTCUTS, GGUF_SHORTCUTS, load_encoder
+from engine.encoder.loader import FOLDER_SHORTCUTS, GGUF_SHORTCUTS, is_encoder, load_encoder
 from engine.encoder.model import EncoderModel
 from engine.encoder.pooling import finish
 from engine.encoder.runner import pooled
@@ -85,3 +85,17 @@ def test_zipped_member_with_the_wrong_digest_is_never_kept(tmp_path: Path) -> No
     with pytest.raises(SliceError, match="expected 274290560 bytes with sha256 0000"):
         extract(wrong, target, lambda _: None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_nomic_bert_gguf_path_is_an_embedding_model_and_a_chat_gguf_is_not(smollm_gguf: Path) -> None:
+    path = cache_root() / "models" / GGUF_SHORTCUTS["nomic-embed-text-v1.5"].file_name
+    assert is_encoder(str(path)) and is_encoder("nomic-embed-text-v1.5") and is_encoder("ALL-MiniLM-L6-v2")
+    assert not is_encoder(str(smollm_gguf)) and not is_encoder(None) and not is_encoder("qwen2.5-coder-0.5b")
+    assert load_encoder(str(path)).model_id == "nomic-embed-text-v1.5.f16"
+
+
+@pytest.fixture(scope="module")
+def smollm_gguf() -> Path:
+    from engine.model.loader import default_gguf
+
+    return default_gguf()
