@@ -36,8 +36,10 @@ TMP_PREFIX = "writing-"
 
 
 def default_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mlx-serve" / "prompt-cache"
+    """Under the server's cache folder ($MLX_SERVE_CACHE, else ~/.cache/mlx-serve)."""
+    from engine.model.loader import cache_root
+
+    return Path(cache_root()) / "prompt-cache"
 
 
 def fingerprint(model: Model, block_tokens: int) -> str:
