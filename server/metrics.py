@@ -87,6 +87,10 @@ E2E_BUCKETS = (
 )
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000)
 # Engine counters passed through when the engine reports them (speculation, preemption).
+ENGINE_GAUGES = {
+    "prefix_cache_bytes": "Bytes the prefix cache holds in memory.",
+    "prefix_cache_blocks": "Blocks the prefix cache holds in memory (entries, where caches are not cut in blocks).",
+}
 ENGINE_COUNTERS = {
     "spec_decode_num_drafts": "Speculative decoding: draft rounds.",
     "spec_decode_num_draft_tokens": "Speculative decoding: tokens proposed by the drafter.",
@@ -276,6 +280,9 @@ class EngineCollector:
             yield GaugeMetricFamily(
                 "mlx_serve:kv_cache_usage_perc", "KV cache usage (1 = full).", s["kv_cache_usage_perc"]
             )
+        for key, doc in ENGINE_GAUGES.items():
+            if key in s:
+                yield GaugeMetricFamily(f"mlx_serve:{key}", doc, s[key])
         for key, doc in ENGINE_COUNTERS.items():
             if key in s:
                 yield CounterMetricFamily(f"mlx_serve:{key}", doc, s[key])

@@ -243,6 +243,23 @@ def test_metrics_engine_numbers_when_reported() -> None:
     assert m["mlx_serve:spec_decode_num_accepted_tokens_total"] == 40
 
 
+def test_metrics_prefix_cache_holding_as_gauges() -> None:
+    class Reporting:
+        state = EngineState.READY
+
+        async def stats(self) -> dict[str, Any]:
+            return {"num_requests_running": 0, "prefix_cache_bytes": 2_097_152, "prefix_cache_blocks": 3}
+
+    async def go() -> str:
+        r = await call(App(Config(), Reporting(), Metrics()), "GET", "/metrics")  # type: ignore[arg-type]
+        return r.body.decode()
+
+    text = asyncio.run(go())
+    m = samples(text)
+    assert m["mlx_serve:prefix_cache_bytes"] == 2_097_152 and m["mlx_serve:prefix_cache_blocks"] == 3
+    assert "# TYPE mlx_serve:prefix_cache_bytes gauge" in text
+
+
 def test_metrics_count_prompt_tokens_by_where_their_kv_came_from() -> None:
     class Reporting:
         state = EngineState.READY
