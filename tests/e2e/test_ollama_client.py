@@ -14,7 +14,7 @@ import ollama
 import openai
 import pytest
 
-from tests.support.models import qwen_folder
+from tests.support.models import qwen_folder, r1_tiny
 from tests.support.server_proc import ServerProcess, assert_disconnect_stops_generation
 
 pytestmark = pytest.mark.real
@@ -216,3 +216,33 @@ def test_embed_equals_the_openai_route(minilm: ServerProcess) -> None:
     assert legacy.embedding == pytest.approx(r.embeddings[0], abs=1e-6)
     r = httpx.post(minilm.url + "/tokenize", json={"content": "hi"})
     assert r.status_code == 400 and "embedding model" in r.json()["error"]["message"]
+
+
+# --- thinking, on a model that thinks in DeepSeek-R1's real format ------------------------------
+
+
+@pytest.fixture(scope="module")
+def r1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    path = r1_tiny(tmp_path_factory.mktemp("r1") / "model")
+    proc = ServerProcess(["--model", str(path)], tmp_path_factory.mktemp("logs") / "r1-ollama.log")
+    yield proc
+    proc.close()
+
+
+def test_reasoning_comes_back_as_thinking(r1: ServerProcess) -> None:
+    client = ollama.Client(host=r1.url, timeout=120)
+    asked: Any = [{"role": "user", "content": "Why is the sky blue?"}]
+    r = client.chat(model="m", messages=asked, think=True, options={"temperature": 0, "num_predict": 12})
+    want = openai.OpenAI(base_url=r1.url + "/v1", api_key="unused").chat.completions.create(
+        model="m", messages=asked, max_tokens=12, temperature=0
+    )
+    reasoning = want.choices[0].message.model_extra or {}
+    assert r.message.thinking and r.message.thinking == reasoning["reasoning_content"]
+    assert r.message.content == (want.choices[0].message.content or "")
+    parts = list(
+        client.chat(
+            model="m", messages=asked, think=True, options={"temperature": 0, "num_predict": 12}, stream=True
+        )
+    )
+    assert "".join(p.message.thinking or "" for p in parts) == r.message.thinking
+    assert "<think>" not in "".join(p.message.content or "" for p in parts)
