@@ -74,6 +74,8 @@ class Core(RequestLifecycle):
                 self._step_guarded()
                 self._alone_guarded(inbox, flush)
                 self._last_step = time.monotonic()
+                if not self.scheduler.has_work:
+                    self._fit_prefix_cache()  # idle now: what the last rows left goes to disk
             elif self.idle_work is not None and self._idle_due() == 0.0:
                 self._idle_unit(self.idle_work)
             self._gauge()
