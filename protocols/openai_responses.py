@@ -50,6 +50,7 @@ from protocols.responses_tools import Toolset, toolset
 __all__ = ["OpenAIResponses", "ResponsesJob", "ResponsesStore", "error_body"]
 
 ID_PREFIX = "resp"
+SOCKET_RECENT_BYTES = 64 << 20  # a WebSocket connection's unstored responses, at most
 KEEP_REASONING = "reasoning.encrypted_content"
 
 
@@ -251,11 +252,20 @@ def error_body(exc: ServeError) -> bytes:
 class OpenAIResponses:
     """The WireFormat of POST /v1/responses, plus compaction and GET/DELETE of stored responses.
 
-    One instance per App: it owns the store that `previous_response_id` reads.
+    One instance per App: it owns the store that `previous_response_id` reads. A WebSocket
+    connection gets its own (`on_socket`): the same store, and the connection's `recent`
+    responses, kept whatever their `store` said, as WebSocket mode keeps them in memory.
     """
 
-    def __init__(self, store: ResponsesStore | None = None) -> None:
+    def __init__(self, store: ResponsesStore | None = None, recent: ResponsesStore | None = None) -> None:
         self.store = store if store is not None else ResponsesStore()
+        self.recent = recent
+
+    def on_socket(self) -> OpenAIResponses:
+        """The format for one WebSocket connection: its recent responses live while it does."""
+        return OpenAIResponses(
+            self.store, ResponsesStore(ttl_s=self.store.ttl_s, max_bytes=SOCKET_RECENT_BYTES)
+        )
 
     def parse(self, body: bytes, ctx: ProtocolContext) -> ResponsesJob:
         """Decode, validate and render one Responses request; ServeError 400/404 on a fault."""
@@ -310,6 +320,8 @@ class OpenAIResponses:
         if previous_id is None:
             return ()
         stored = self.store.get(previous_id, owner)
+        if stored is None and self.recent is not None:
+            stored = self.recent.get(previous_id, owner)
         if stored is None:
             raise NotFound(
                 f"Previous response with id '{previous_id}' not found.", param="previous_response_id"
@@ -320,6 +332,8 @@ class OpenAIResponses:
         if not isinstance(item, ItemReference):
             return item
         found = self.store.item(item.id, owner)
+        if found is None and self.recent is not None:
+            found = self.recent.item(item.id, owner)
         if found is None:
             raise NotFound(f"Item with id '{item.id}' not found.", param=f"input[{i}].id")
         return found
@@ -336,11 +350,13 @@ class OpenAIResponses:
     def remember(self, job: ResponsesJob, response: dict[str, Any], output: list[dict[str, Any]]) -> bytes:
         """The response's JSON, kept in the store first when the client asked (the default)."""
         body = orjson.dumps(response)
-        if job.store:
+        if job.store or self.recent is not None:
             produced = {item["id"]: as_item(item) for item in output}
             new_items = job.new_input + tuple(produced.values())
             size = len(body) + len(msgspec.json.encode(new_items))
-            self.store.put(job.request.id, body, job.history + new_items, size, produced, job.owner)
+            kept = self.store if job.store else self.recent
+            assert kept is not None
+            kept.put(job.request.id, body, job.history + new_items, size, produced, job.owner)
         return body
 
     def error_body(self, exc: ServeError) -> bytes:

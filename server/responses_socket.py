@@ -37,6 +37,7 @@ from protocols.contract import (
     StreamRenderer,
     WireFormat,
 )
+from protocols.openai_responses import OpenAIResponses
 from server.observe import RequestRecord, report_turn, socket_turn
 from server.writer import send_websocket, stream_websocket
 
@@ -132,11 +133,13 @@ def error_event(fmt: WireFormat, exc: ServeError) -> dict[str, Any]:
 
 
 class ResponsesSocket:
-    """One upgraded connection: accept, then answer each `response.create` in turn."""
+    """One upgraded connection: accept, then answer each `response.create` in turn. The
+    connection keeps its own recent responses (OpenAIResponses.on_socket), so a turn continues
+    the last even when it was not stored."""
 
-    def __init__(self, app: Generator, fmt: WireFormat, route: str) -> None:
+    def __init__(self, app: Generator, fmt: OpenAIResponses, route: str) -> None:
         self.app = app
-        self.fmt = fmt
+        self.fmt = fmt.on_socket()
         self.route = route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -165,7 +168,7 @@ class ResponsesSocket:
             job, requests = await self.app.prepare(self.fmt, turn.body, ctx)
             record.fields += job.log_fields
             if not turn.generate:
-                record.status = 200
+                record.id, record.status = job.request.id, 200
                 await send_websocket(send, _without_output(self.fmt.renderer(job, ctx), job))
                 return
             stream = record.track(self.app.submit(requests))

@@ -149,3 +149,14 @@ def test_a_socket_elsewhere_is_refused(smollm_server: ServerProcess) -> None:
     with pytest.raises(InvalidStatus) as info:
         connect(smollm_server.url.replace("http://", "ws://") + "/v1/chat/completions").close()
     assert info.value.response.status_code == 403
+
+
+def test_an_unstored_response_continues_on_its_own_socket_only(smollm_server: ServerProcess) -> None:
+    with connect(ws_url(smollm_server)) as ws:
+        first = one_turn(ws, **ASK, store=False)[-1]["response"]
+        follow = one_turn(ws, **{**ASK, "input": "Again."}, store=False, previous_response_id=first["id"])
+        assert follow[-1]["type"] in ("response.completed", "response.incomplete")
+    assert httpx.get(f"{smollm_server.url}/v1/responses/{first['id']}").status_code == 404  # never stored
+    with connect(ws_url(smollm_server)) as other:
+        [lost] = one_turn(other, **ASK, previous_response_id=first["id"])
+    assert lost["status"] == 404 and lost["error"]["code"] == "previous_response_not_found"
