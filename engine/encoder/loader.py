@@ -14,7 +14,7 @@ import mlx.core as mx
 from tokenizers import Tokenizer
 
 from engine.encoder.bert import Bert, BertConfig, bert_weights
-from engine.encoder.model import EncoderModel
+from engine.encoder.model import EncoderModel, Network
 from engine.encoder.nomic_bert import NomicBert, NomicConfig
 from engine.gguf.reader import read_gguf
 from engine.gguf.wordpiece import wordpiece_tokenizer
@@ -67,21 +67,23 @@ def is_encoder(spec: str | None) -> bool:
     return path.is_dir() and (path / "modules.json").is_file()
 
 
-def load_encoder(spec: str) -> EncoderModel:
+def load_encoder(spec: str, weights: bool = True) -> EncoderModel:
+    """The model `--model SPEC` names; without `weights`, its tokenizer and facts alone (what a
+    host that runs the network in another process keeps)."""
     shortcut = FOLDER_SHORTCUTS.get(spec.lower())
     if shortcut is not None:
-        return load_folder(shortcut.path(), shortcut.model_id)
+        return load_folder(shortcut.path(), shortcut.model_id, weights)
     zipped = GGUF_SHORTCUTS.get(spec.lower())
     if zipped is not None:
         target = cache_root() / "models" / zipped.file_name
-        return load_nomic_gguf(extract(zipped, target, log.info), spec.lower())
+        return load_nomic_gguf(extract(zipped, target, log.info), spec.lower(), weights)
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
-        return load_nomic_gguf(path, path.stem)
-    return load_folder(path, str(path.resolve()))
+        return load_nomic_gguf(path, path.stem, weights)
+    return load_folder(path, str(path.resolve()), weights)
 
 
-def load_folder(folder: Path, model_id: str) -> EncoderModel:
+def load_folder(folder: Path, model_id: str, weights: bool = True) -> EncoderModel:
     """A sentence-transformers folder of a BERT encoder with mean pooling."""
     config = json.loads((folder / "config.json").read_text())
     if config.get("model_type") != "bert":
@@ -89,10 +91,12 @@ def load_folder(folder: Path, model_id: str) -> EncoderModel:
     pooling = _pooling(folder)
     if not pooling.get("pooling_mode_mean_tokens", False):
         raise ValueError(f"{folder}: only mean pooling is supported ({pooling})")
-    raw = mx.load(str(folder / "model.safetensors"))
-    assert isinstance(raw, dict)  # a safetensors file loads as a dict of arrays
-    network = Bert(BertConfig.from_dict(config), bert_weights(raw))
-    mx.eval(list(network.weights.values()))
+    network: Network = no_network
+    if weights:
+        raw = mx.load(str(folder / "model.safetensors"))
+        assert isinstance(raw, dict)  # a safetensors file loads as a dict of arrays
+        network = Bert(BertConfig.from_dict(config), bert_weights(raw))
+        mx.eval(list(network.weights.values()))
     return EncoderModel(
         model_id,
         network,
@@ -123,7 +127,7 @@ def _tokenizer(folder: Path) -> Tokenizer:
     return tokenizer
 
 
-def load_nomic_gguf(path: Path, model_id: str) -> EncoderModel:
+def load_nomic_gguf(path: Path, model_id: str, weights: bool = True) -> EncoderModel:
     """A nomic-bert GGUF (F16/F32 tensors, run as float32): mean pooling, Matryoshka."""
     gguf = read_gguf(path)
     if gguf.architecture not in MATRYOSHKA_ARCHITECTURES:
@@ -131,10 +135,13 @@ def load_nomic_gguf(path: Path, model_id: str) -> EncoderModel:
             f"{path}: architecture {gguf.architecture!r}; of GGUF encoders only nomic-bert loads"
         )
     md = gguf.metadata
-    raw = mx.load(str(path))
-    assert isinstance(raw, dict)  # a GGUF file loads as a dict of arrays
-    network = NomicBert(NomicConfig.from_gguf(md), {k: v.astype(mx.float32) for k, v in raw.items()})
-    mx.eval(list(network.weights.values()))
+    config = NomicConfig.from_gguf(md)
+    network: Network = no_network
+    if weights:
+        raw = mx.load(str(path))
+        assert isinstance(raw, dict)  # a GGUF file loads as a dict of arrays
+        network = NomicBert(config, {k: v.astype(mx.float32) for k, v in raw.items()})
+        mx.eval(list(network.weights.values()))
     control = [i for i, kind in enumerate(md["tokenizer.ggml.token_type"]) if kind == 3]
     tokenizer = wordpiece_tokenizer(
         md["tokenizer.ggml.tokens"],
@@ -147,7 +154,12 @@ def load_nomic_gguf(path: Path, model_id: str) -> EncoderModel:
         model_id,
         network,
         tokenizer,
-        dimensions=network.config.hidden,
+        dimensions=config.hidden,
         context_length=int(md["nomic-bert.context_length"]),
         matryoshka=True,
     )
+
+
+def no_network(ids: mx.array, mask: mx.array) -> mx.array:
+    """The network of a model loaded without weights: its host runs the real one elsewhere."""
+    raise RuntimeError("this copy of the model holds no weights")

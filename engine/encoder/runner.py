@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -9,7 +10,10 @@ import numpy as np
 
 from engine.encoder.batcher import plan_forwards
 from engine.encoder.model import EncoderModel
-from engine.encoder.pooling import mean_pool
+from engine.encoder.pooling import finish, mean_pool
+from engine.errors import EngineFailed
+
+log = logging.getLogger("mlx_serve.engine")
 
 
 def pooled(model: EncoderModel, rows: Sequence[Sequence[int]]) -> np.ndarray:
@@ -31,3 +35,24 @@ def _forward(model: EncoderModel, rows: Sequence[Sequence[int]]) -> np.ndarray:
     vectors = mean_pool(model.network(ids_mx, mask_mx).astype(mx.float32), mask_mx)
     mx.eval(vectors)
     return np.array(vectors, copy=True)
+
+
+CallRows = tuple[list[list[int]], int | None]  # one call's token rows and the dimensions it asked
+
+
+def embed_group(model: EncoderModel, calls: Sequence[CallRows]) -> list[np.ndarray | EngineFailed]:
+    """The vectors of calls that arrived together, run as one group; if the group fails, each
+    call is run alone, so one bad input fails only its own call."""
+    try:
+        vectors = pooled(model, [r for rows, _ in calls for r in rows])
+    except Exception:
+        if len(calls) > 1:
+            return [embed_group(model, [call])[0] for call in calls]
+        log.exception("embedding failed")
+        return [EngineFailed("the encoder failed on this input; see the server log")]
+    out: list[np.ndarray | EngineFailed] = []
+    at = 0
+    for rows, dimensions in calls:
+        out.append(finish(vectors[at : at + len(rows)], model.dimensions, dimensions))
+        at += len(rows)
+    return out

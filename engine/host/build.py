@@ -42,10 +42,12 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
 
     if source.model is not None and is_encoder(source.model):  # an embedding model: no KV, no rows
         from engine.host.encoder import EncoderEngine
+        from engine.host.encoder_process import EncoderProcessEngine
 
-        return EncoderEngine(
-            partial(load_encoder, source.model), max_waiting_inputs=settings.max_waiting * 256
-        )
+        waiting = settings.max_waiting * 256
+        if source.host == "thread":
+            return EncoderEngine(partial(load_encoder, source.model), max_waiting_inputs=waiting)
+        return EncoderProcessEngine(source.model, max_waiting_inputs=waiting)
 
     from engine.host.child import ChildPlan
     from engine.host.process import ProcessEngine

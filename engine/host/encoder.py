@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from engine.encoder.model import EncoderModel
-from engine.encoder.pooling import finish
-from engine.encoder.runner import pooled
-from engine.errors import EngineFailed, EngineUnavailable, InvalidRequest, QueueFull, ServeError
+from engine.encoder.runner import embed_group
+from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
 from engine.host.client import Embeddings, EngineClient, EngineState, ModelInfo, RequestStream
 from engine.model.tokenizer import ChatTokenizer
 from engine.types import EmbedInput, Request
@@ -41,9 +40,16 @@ class EmbedCounters:
     embed_groups: int = 0  # times the owner thread took the calls waiting
     embed_seconds: float = 0.0
 
+    def count(self, calls: Sequence[EmbedCall], seconds: float) -> None:
+        self.embed_groups += 1
+        self.embed_calls += len(calls)
+        self.embed_inputs += sum(len(c.rows) for c in calls)
+        self.embed_tokens += sum(len(r) for c in calls for r in c.rows)
+        self.embed_seconds += seconds
+
 
 @dataclass(frozen=True, slots=True)
-class _Call:
+class EmbedCall:
     rows: list[list[int]]
     dimensions: int | None
     future: asyncio.Future[np.ndarray]
@@ -58,7 +64,7 @@ class EncoderEngine(EngineClient):
     ) -> None:
         super().__init__(capacity=0)
         self._load = load
-        self._inbox: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[EmbedCall | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._encoder: EncoderModel | None = None
         self._waiting = 0
@@ -97,14 +103,18 @@ class EncoderEngine(EngineClient):
                 retry_after_s=1,
             )
         loop = asyncio.get_running_loop()
-        call = _Call(rows, dimensions, loop.create_future(), loop)
+        call = EmbedCall(rows, dimensions, loop.create_future(), loop)
         self._waiting += len(rows)
         try:
-            self._inbox.put(call)
+            self._dispatch(call)
             vectors = await call.future
         finally:
             self._waiting -= len(rows)
         return Embeddings(vectors, sum(len(r) for r in rows))
+
+    def _dispatch(self, call: EmbedCall) -> None:
+        """Hand a call to whoever runs the network: here, this engine's own thread."""
+        self._inbox.put(call)
 
     def _main(self) -> None:
         try:
@@ -121,11 +131,14 @@ class EncoderEngine(EngineClient):
             "embedding model %s: %d dimensions, context %d tokens",
             encoder.model_id, encoder.dimensions, encoder.context_length,
         )  # fmt: skip
+        self._loaded_encoder(encoder)
+        self.state = EngineState.READY
+        self._serve(encoder)
+
+    def _loaded_encoder(self, encoder: EncoderModel) -> None:
         self._encoder = encoder
         tokenizer = ChatTokenizer(encoder.tokenizer, encoder.context_length, 1)
         self.model = ModelInfo(encoder.model_id, tokenizer, encoder.context_length, encoder.dimensions)
-        self.state = EngineState.READY
-        self._serve(encoder)
 
     def _serve(self, encoder: EncoderModel) -> None:
         while (first := self._inbox.get()) is not None:
@@ -143,32 +156,15 @@ class EncoderEngine(EngineClient):
             if stopping:
                 return
 
-    def _run(self, encoder: EncoderModel, calls: list[_Call]) -> None:
+    def _run(self, encoder: EncoderModel, calls: list[EmbedCall]) -> None:
         started = time.perf_counter()
-        try:
-            vectors = pooled(encoder, [r for c in calls for r in c.rows])
-        except Exception:
-            if len(calls) > 1:  # find the call that broke the group; the others still get answers
-                for call in calls:
-                    self._run(encoder, [call])
-                return
-            log.exception("embedding failed")
-            _settle(calls[0], EngineFailed("the encoder failed on this input; see the server log"))
-            return
-        at = 0
-        for call in calls:
-            part = vectors[at : at + len(call.rows)]
-            at += len(call.rows)
-            _settle(call, finish(part, encoder.dimensions, call.dimensions))
-        c = self.counters
-        c.embed_groups += 1
-        c.embed_calls += len(calls)
-        c.embed_inputs += at
-        c.embed_tokens += sum(len(r) for call in calls for r in call.rows)
-        c.embed_seconds += time.perf_counter() - started
+        outcomes = embed_group(encoder, [(c.rows, c.dimensions) for c in calls])
+        for call, outcome in zip(calls, outcomes):
+            settle(call, outcome)
+        self.counters.count(calls, time.perf_counter() - started)
 
 
-def _settle(call: _Call, outcome: np.ndarray | ServeError) -> None:
+def settle(call: EmbedCall, outcome: np.ndarray | ServeError) -> None:
     """From the owner thread: hand a call its vectors (or its error) on the loop."""
     try:
         call.loop.call_soon_threadsafe(_resolve, call.future, outcome)
