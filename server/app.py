@@ -359,6 +359,7 @@ class App:
         """A Responses turn on a WebSocket: its job and engine requests, checked as over HTTP."""
         job, requests = await asyncio.to_thread(self._parse, fmt, RESPONSES_NAMES, body, ctx)
         self._check_model(job.model)
+        await self.engine.check_grammars(requests)
         return job, requests
 
     def submit(self, requests: list[Request]) -> EventStream:

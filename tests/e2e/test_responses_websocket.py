@@ -99,6 +99,9 @@ def test_a_refused_turn_is_an_error_event_and_the_socket_stays_open(smollm_serve
         assert bad["type"] == "error" and bad["status"] == 400 and bad["error"]["param"] == "temperature"
         [kind] = one_turn(ws, **{**ASK, "type": "response.cancel"})
         assert kind["status"] == 400 and kind["error"]["param"] == "type"
+        bad_schema = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}
+        [grammar] = one_turn(ws, **ASK, text=bad_schema)
+        assert grammar["status"] == 400 and grammar["error"]["param"].startswith("text.format")
         [lost] = one_turn(ws, **ASK, previous_response_id="resp_gone")
         assert lost["status"] == 404 and lost["error"]["code"] == "previous_response_not_found"
         events = one_turn(ws, **ASK)  # the same socket still serves
