@@ -81,6 +81,35 @@ def test_lean_settings_complete_a_turn_on_smollm2(smollm: ServerProcess, tmp_pat
     assert done["usage"]["input_tokens"] > 0 and done["usage"]["output_tokens"] > 0
 
 
+@pytest.fixture(scope="module")
+def short_steps(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """SmolLM2 prefilling 256 tokens a step: on a busy 2-core CPU one 2,048-token step can
+    outlast the engine's 30 s watchdog, which then restarts it mid-turn."""
+    log = tmp_path_factory.mktemp("logs") / "codex-ws.log"
+    args = ["--model", str(smollm_path), "--served-model-name", clis.MODEL, "--prefill-step-size", "256"]
+    server = ServerProcess(args, log, ready_timeout_s=900)
+    yield server
+    server.close()
+
+
+@pytest.mark.timeout(1800)
+def test_lean_settings_complete_a_turn_over_websocket(short_steps: ServerProcess, tmp_path: Path) -> None:
+    """With `supports_websockets`, Codex opens /v1/responses as a WebSocket: its prewarm
+    (generate: false) and then the turn, continuing the prewarm, all on the socket."""
+    smollm = short_steps
+    before = len(smollm.log().splitlines())
+    socket = ("-c", "model_providers.mlx.supports_websockets=true")
+    run = clis.codex(smollm.url, tmp_path, "say hi", *lean(tmp_path), *socket, timeout_s=1500)
+    assert run.rc == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Falling back from WebSockets" not in run.stdout  # Codex says so when it gives up on one
+    [message] = items(run, "agent_message")
+    assert message["text"].strip()
+    lines = [ln for ln in smollm.log().splitlines()[before:] if "route=/v1/responses " in ln]
+    assert len(lines) >= 2 and all("method=WS " in ln and "status=200" in ln for ln in lines), lines
+    assert any("completion_tokens=0 " in ln for ln in lines)  # the prewarm generated nothing
+    assert "completion_tokens=0 " not in lines[-1]  # the turn answered
+
+
 @pytest.mark.timeout(1800)
 def test_calls_its_shell_tool_and_gets_the_result_back(tool_model: ServerProcess, tmp_path: Path) -> None:
     prompt = f"Run the shell command `echo {MARKER}` and tell me what it printed."
