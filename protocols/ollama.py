@@ -300,7 +300,7 @@ def _warnings(req: Common, ignored: list[str]) -> tuple[str, ...]:
     return tuple(notes)
 
 
-class OllamaChat:
+class OllamaFormat:
     """The WireFormat of POST /api/chat (`chat`) or POST /api/generate."""
 
     def __init__(self, chat: bool) -> None:
@@ -319,5 +319,5 @@ class OllamaChat:
         return render.error_body(exc)
 
 
-CHAT = OllamaChat(chat=True)
-GENERATE = OllamaChat(chat=False)
+CHAT = OllamaFormat(chat=True)
+GENERATE = OllamaFormat(chat=False)

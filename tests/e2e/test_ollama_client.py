@@ -106,6 +106,9 @@ def test_tags_show_ps_and_version(client: ollama.Client, smollm_server: ServerPr
     (loaded,) = client.ps().models
     assert loaded.context_length == 8192
     assert httpx.get(smollm_server.url + "/api/version").json()["version"]
+    metrics = httpx.get(smollm_server.url + "/metrics").text  # one series per route, as the table names it
+    assert 'endpoint="/api/tags",method="GET",status="200"' in metrics
+    assert 'endpoint="/api/show",method="POST",status="200"' in metrics
     with pytest.raises(ollama.ResponseError) as e:
         client.show("no-such-model")
     assert e.value.status_code == 404

@@ -85,3 +85,5 @@ def test_token_tool_errors_are_openai_shaped(smollm_server: ServerProcess) -> No
         smollm_server.url + "/v1/chat/completions/input_tokens", json={"model": "m", "messages": []}
     )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    metrics = httpx.get(smollm_server.url + "/metrics").text
+    assert 'endpoint="/detokenize",method="POST",status="400"' in metrics

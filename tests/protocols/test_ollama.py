@@ -198,7 +198,7 @@ def test_generate_refuses_what_it_cannot_honour(ctx: ProtocolContext, field: str
     ("fmt", "body"), [(ollama.CHAT, {"model": "m"}), (ollama.GENERATE, {"model": "m", "prompt": ""})]
 )
 def test_no_prompt_is_a_load_answered_at_once(
-    ctx: ProtocolContext, fmt: ollama.OllamaChat, body: dict[str, Any]
+    ctx: ProtocolContext, fmt: ollama.OllamaFormat, body: dict[str, Any]
 ) -> None:
     job = fmt.parse(orjson.dumps(body), ctx)
     assert job.answer is not None
