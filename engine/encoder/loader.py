@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from engine.encoder.bert import Bert, BertConfig, bert_weights
 from engine.encoder.model import EncoderModel, Network
 from engine.encoder.nomic_bert import NomicBert, NomicConfig
-from engine.gguf.reader import read_gguf
+from engine.gguf.reader import GGUFFormatError, read_gguf
 from engine.gguf.wordpiece import wordpiece_tokenizer
 from engine.gguf.zipped import ZippedGGUF, extract
 from engine.model.loader import cache_root
@@ -63,7 +63,10 @@ def is_encoder(spec: str | None) -> bool:
         return True
     path = Path(spec).expanduser()
     if path.suffix == ".gguf" and path.is_file():
-        return read_gguf(path).architecture == "nomic-bert"
+        try:
+            return read_gguf(path).architecture in MATRYOSHKA_ARCHITECTURES
+        except (GGUFFormatError, KeyError, OSError):  # not ours to judge: the model loader says what is wrong
+            return False
     return path.is_dir() and (path / "modules.json").is_file()
 
 
