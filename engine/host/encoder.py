@@ -1,5 +1,7 @@
-"""An embedding model's engine (`--model all-minilm-l6-v2`): the encoder on a thread of this
-process, behind the same EngineClient the server uses for generation.
+"""An embedding model's engine (`--model all-minilm-l6-v2`) behind the same EngineClient the
+server uses for generation: here on a thread of this process (`--engine thread`); the default,
+engine.host.encoder_process, keeps this front (tokenizing, validation, the queue bound) and runs
+the network in a child process.
 
 Batching by arrival: calls queue as they come; the owner thread takes every call waiting, runs
 their inputs together (sorted by length, cut into forwards by a token budget; engine.encoder),
