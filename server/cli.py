@@ -159,6 +159,7 @@ async def serve(config: Config) -> None:
     # minutes. A body has --body-timeout-s to arrive (the app's), a head --keep-alive-s.
     hc.read_timeout = None
     hc.h11_max_incomplete_size = hc.h2_max_header_list_size = config.max_header_bytes
+    hc.websocket_max_message_size = config.max_body_bytes  # a socket's turn is a request body
     hc.backlog = min(config.max_connections, 1024)
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")

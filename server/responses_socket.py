@@ -42,6 +42,7 @@ from server.observe import RequestRecord, report_turn, socket_turn
 from server.writer import send_websocket, stream_websocket
 
 CREATE = "response.create"
+QUEUED_TURNS = 16  # turns a client may send ahead of the one running; past it the socket closes
 # Fields a socket's turn does not take: the socket streams every answer.
 TRANSPORT_ONLY = ("stream", "background")
 
@@ -62,6 +63,7 @@ class Inbox:
 
     def __init__(self, receive: Receive) -> None:
         self.gone = asyncio.Event()
+        self.close_code = 1000  # 1008 (policy) when it sent too many turns ahead
         self._queue: asyncio.Queue[Message] = asyncio.Queue()
         self._reader = asyncio.create_task(self._read(receive))
 
@@ -71,6 +73,12 @@ class Inbox:
             if message["type"] == "websocket.disconnect":
                 self.gone.set()
                 await self._queue.put(message)
+                return
+            if self._queue.qsize() >= QUEUED_TURNS:
+                # A client that sends turns faster than they run: refused as one that left.
+                self.gone.set()
+                self.close_code = 1008
+                await self._queue.put({"type": "websocket.disconnect", "code": 1008})
                 return
             await self._queue.put(message)
 
@@ -157,7 +165,7 @@ class ResponsesSocket:
         finally:
             inbox.close()
             with contextlib.suppress(Exception):
-                await send({"type": "websocket.close", "code": 1000})
+                await send({"type": "websocket.close", "code": inbox.close_code})
 
     async def turn(
         self, scope: Scope, payload: str | bytes, send: Send, inbox: Inbox, record: RequestRecord

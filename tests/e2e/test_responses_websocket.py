@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.support.server_proc import ServerProcess
@@ -163,3 +163,14 @@ def test_an_unstored_response_continues_on_its_own_socket_only(smollm_server: Se
     with connect(ws_url(smollm_server)) as other:
         [lost] = one_turn(other, **ASK, previous_response_id=first["id"])
     assert lost["status"] == 404 and lost["error"]["code"] == "previous_response_not_found"
+
+
+def test_a_client_far_ahead_of_its_turns_is_closed(smollm_server: ServerProcess) -> None:
+    long: Any = {"type": "response.create", **ASK, "max_output_tokens": 2000, "input": "Tell a long story."}
+    with connect(ws_url(smollm_server)) as ws:
+        for _ in range(40):  # a turn runs, 16 may wait, the one after closes the socket
+            ws.send(json.dumps(long))
+        with pytest.raises(ConnectionClosed) as info:
+            while True:
+                ws.recv(timeout=120)
+    assert info.value.rcvd is not None and info.value.rcvd.code == 1008
