@@ -20,7 +20,7 @@ from msgspec import Struct
 from engine.errors import InvalidRequest, ServeError
 from protocols import openai_chat
 from protocols import openai_common as common
-from protocols.contract import ProtocolContext, WireFormat
+from protocols.contract import ModelNotFound, ProtocolContext, WireFormat
 from protocols.openai_render import error_body
 
 Answer = tuple[int, bytes]
@@ -30,6 +30,7 @@ AnswerFn = Callable[[bytes, ProtocolContext], Answer]
 class TokenizeBody(Struct, frozen=True, kw_only=True):
     """What /tokenize reads itself; a body with `messages` is read by the chat parser."""
 
+    model: str | None = None
     content: str | None = None  # llama.cpp
     prompt: str | None = None  # vLLM
     messages: list[Any] | None = None
@@ -41,8 +42,9 @@ class TokenizeBody(Struct, frozen=True, kw_only=True):
     continue_final_message: bool = False
 
 
-class DetokenizeBody(Struct, frozen=True):
+class DetokenizeBody(Struct, frozen=True, kw_only=True):
     tokens: list[int]
+    model: str | None = None
 
 
 TOKENIZE_DECODER = msgspec.json.Decoder(TokenizeBody)
@@ -63,8 +65,17 @@ def answering(
     return answer
 
 
+def _check_model(name: str | None, ctx: ProtocolContext) -> None:
+    """A model the generation routes would refuse is refused here too (404)."""
+    if name and ctx.accepts is not None and not ctx.accepts(name):
+        raise ModelNotFound(
+            f"model '{name}' is not served here; use one of: {', '.join(ctx.listed)}", param="model"
+        )
+
+
 def _tokenize(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
     req = common.decode(TOKENIZE_DECODER, body)
+    _check_model(req.model, ctx)
     ids = _chat_ids(req, body, ctx) if req.messages is not None else _text_ids(req, ctx)
     out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": ctx.context_length}
     if req.with_pieces:
@@ -108,6 +119,7 @@ def _token_strs(ids: list[int], ctx: ProtocolContext) -> list[str]:
 
 def _detokenize(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
     req = common.decode(DETOKENIZE_DECODER, body)
+    _check_model(req.model, ctx)
     vocab = ctx.tokenizer.vocab_size
     for i, token in enumerate(req.tokens):
         if not 0 <= token < vocab:
@@ -120,8 +132,9 @@ def _detokenize(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
 
 def _apply_template(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
     """The chat body's prompt as text: the very tokens a generation would start from, decoded."""
-    ids = list(openai_chat.FORMAT.parse(body, ctx).request.prompt_tokens)
-    return {"prompt": ctx.tokenizer.decode(ids)}
+    job = openai_chat.FORMAT.parse(body, ctx)
+    _check_model(job.model, ctx)
+    return {"prompt": ctx.tokenizer.decode(list(job.request.prompt_tokens))}
 
 
 tokenize = answering(_tokenize)
@@ -133,7 +146,9 @@ def input_tokens(fmt: WireFormat, obj: str) -> AnswerFn:
     """The prompt tokens a `fmt` generation with this body would report, as `{object, input_tokens}`."""
 
     def count(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
-        return {"object": obj, "input_tokens": len(fmt.parse(body, ctx).request.prompt_tokens)}
+        job = fmt.parse(body, ctx)
+        _check_model(job.model, ctx)
+        return {"object": obj, "input_tokens": len(job.request.prompt_tokens)}
 
     return answering(count)
 

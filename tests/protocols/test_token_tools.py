@@ -93,3 +93,18 @@ def test_input_tokens_count_what_the_route_would_prompt(ctx: ProtocolContext) ->
         assert out == (200, {"object": "chat.completion.input_tokens", "input_tokens": want})
     status, out = call(token_tools.chat_input_tokens, ctx, model="m", messages=[])
     assert status == 400 and out["error"]["param"] == "messages"
+
+
+def test_a_model_not_served_is_a_404_as_on_the_generation_routes(special: ProtocolContext) -> None:
+    served = replace(special, accepts=lambda name: name == "m", listed=("m",))
+    for fn, body in (
+        (token_tools.chat_input_tokens, CHAT),
+        (token_tools.tokenize, {"model": "m", "content": "hi"}),
+        (token_tools.detokenize, {"model": "m", "tokens": [104]}),
+        (token_tools.apply_template, CHAT),
+    ):
+        assert call(fn, served, **body)[0] == 200
+        status, out = call(fn, served, **{**body, "model": "other"})
+        assert (
+            status == 404 and out["error"]["code"] == "model_not_found" and out["error"]["param"] == "model"
+        )
