@@ -11,7 +11,7 @@ and Claude Code send is honoured or refused by name with a 400; a server tool An
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -302,7 +302,11 @@ def _thinking_budget(req: PromptBody, ctx: ProtocolContext) -> reasoning.Thinkin
     thinking = req.thinking
     asked = thinking.budget_tokens if isinstance(thinking, ThinkingEnabled) else None
     effort = "none" if isinstance(thinking, ThinkingDisabled) else None
-    return reasoning.thinking_budget(ctx, asked, None, "thinking.budget_tokens", effort)
+    budget = reasoning.thinking_budget(ctx, asked, None, "thinking.budget_tokens", effort)
+    level = req.output_config.effort if req.output_config is not None else None
+    return replace(
+        budget, warnings=budget.warnings + reasoning.effort_warnings(ctx, level, "output_config.effort")
+    )
 
 
 def _effort_kwargs(req: PromptBody) -> dict[str, Any]:

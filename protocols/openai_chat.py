@@ -174,7 +174,8 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
         offered,
         common.chat_logprobs(req),
         _forced_calls(req, offered),
-        conv.tool_support_warnings(ctx, offered),
+        conv.tool_support_warnings(ctx, offered)
+        + reasoning.effort_warnings(ctx, req.reasoning_effort, "reasoning_effort"),
         thinking,
     )
 

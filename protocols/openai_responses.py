@@ -297,7 +297,12 @@ class OpenAIResponses:
             request,
             stream=bool(req.stream),
             model=req.model or ctx.model_id,
-            warnings=(*tools.warnings, *conv.tool_support_warnings(ctx, template), *constraint.warnings),
+            warnings=(
+                *tools.warnings,
+                *conv.tool_support_warnings(ctx, template),
+                *constraint.warnings,
+                *thinking_control.effort_warnings(ctx, effort, "reasoning.effort"),
+            ),
             echo=_echo(req, request, tools),
             history=history,
             new_input=new_input,

@@ -61,6 +61,18 @@ def thinking_budget(
     return ThinkingBudget(value, tokens, asked_by=None if asked is None else param)
 
 
+def effort_warnings(ctx: ProtocolContext, effort: str | None, param: str) -> tuple[str, ...]:
+    """The note a request asking for an effort gets when nothing reads it: the model neither
+    thinks apart nor has a template that takes a reasoning switch ("none" asks for nothing)."""
+    if effort in (None, "none") or ctx.tokenizer.thinks or ctx.tokenizer.reads_effort:
+        return ()
+    return (
+        warning(
+            f"{ctx.model_id} does not reason apart and its chat template reads no effort: `{param}` has no effect"
+        ),
+    )
+
+
 def effort_kwargs(effort: str | None) -> dict[str, Any]:
     """A reasoning effort as chat-template variables; None leaves the server's in charge."""
     if effort is None:

@@ -63,6 +63,13 @@ class ChatTokenizer:
         return bool(getattr(self._wrapper, "think_end_tokens", None))
 
     @functools.cached_property
+    def reads_effort(self) -> bool:
+        """Whether the chat template reads a reasoning switch (`enable_thinking`, Qwen3's, or a
+        `reasoning_effort` level) that a request's effort sets."""
+        template = getattr(self._wrapper, "chat_template", None)
+        return isinstance(template, str) and ("enable_thinking" in template or "reasoning_effort" in template)
+
+    @functools.cached_property
     def supports_tools(self) -> bool:
         """Whether the chat template renders `tools` itself; without, `render_chat` describes
         them in a system message and writes past calls and results as hermes markup."""

@@ -76,3 +76,13 @@ def test_a_forced_tool_with_a_json_format_calls_the_tool_as_instructor_expects(o
     calls = raw.parse().choices[0].message.tool_calls
     assert calls and calls[0].function.name == "capital" and "city" in calls[0].function.arguments  # type: ignore[union-attr]
     assert "`response_format` did not apply" in raw.headers["warning"]
+
+
+def test_an_effort_smollm_cannot_take_is_served_with_a_warning(oai: openai.OpenAI) -> None:
+    raw = oai.chat.completions.with_raw_response.create(
+        model="m",
+        messages=QUESTION,  # type: ignore[arg-type]
+        max_tokens=8,
+        reasoning_effort="high",
+    )
+    assert "`reasoning_effort` has no effect" in raw.headers["warning"]

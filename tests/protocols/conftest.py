@@ -34,6 +34,7 @@ class FakeTokenizer:
     supports_tools: bool = True
     system_turns: bool = True
     thinks: bool = False  # writes its reasoning between thinking markers
+    reads_effort: bool = True  # its template takes enable_thinking / reasoning_effort
     chat_calls: list[ChatCall] = field(default_factory=list)
 
     def encode(self, text: str) -> list[int]:

@@ -62,3 +62,15 @@ def test_a_grammar_leaves_no_thinking_to_bound_and_a_request_that_asked_is_told(
     dropped = asked.under_grammar("start: /x/")
     assert dropped.tokens is None and "`thinking_budget_tokens` did not apply" in dropped.warnings[0]
     assert server.under_grammar("start: /x/") == reasoning.ThinkingBudget()
+
+
+@pytest.mark.parametrize(("thinks", "reads", "effort", "warned"), [
+    (False, False, "high", True), (True, False, "high", False), (False, True, "high", False),
+    (False, False, "none", False), (False, False, None, False),
+])  # fmt: skip
+def test_an_effort_nothing_reads_is_served_with_a_warning(
+    ctx: ProtocolContext, thinks: bool, reads: bool, effort: str | None, warned: bool
+) -> None:
+    model = replace(ctx, tokenizer=replace(ctx.tokenizer, thinks=thinks, reads_effort=reads))  # type: ignore[type-var]
+    notes = reasoning.effort_warnings(model, effort, "reasoning_effort")
+    assert [("`reasoning_effort` has no effect" in n) for n in notes] == ([True] if warned else [])
