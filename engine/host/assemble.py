@@ -113,8 +113,8 @@ def make_core(
 def make_prefix_cache(
     loaded: LoadedModel, settings: EngineSettings, plan: MemoryPlan, shard: MemoryAgreement | None
 ) -> PrefixCache | BlockStore | None:
-    """The block store for a model of plain KV caches (the whole-entry cache for others, whose
-    caches cannot be cut into blocks); None with --prompt-cache-size 0. Unsharded, it may hold
+    """The block store for a model of plain KV caches (the whole-entry cache, with a fixed cap,
+    for others, whose caches cannot be cut into blocks); None with --prompt-cache-size 0. Unsharded, it may hold
     all the KV memory the plan has (CacheRoom gives running rows theirs first) up to
     --prompt-cache-bytes; a sharded rank keeps a fixed cap in proportion to its KV per token."""
     import mlx.core as mx
@@ -132,6 +132,9 @@ def make_prefix_cache(
         whole = plan.kv_capacity_tokens * (plan.kv.per_token + plan.kv.window_per_token)
         nbytes = min(whole, settings.prompt_cache_bytes or whole)
     if not all(type(c) is KVCache for c in make_prompt_cache(loaded.model)):
+        # no room given back to rows (CacheRoom is the block store's): a fixed cap
+        fixed = settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES
+        nbytes = shard.prefix_bytes(fixed) if shard is not None else fixed
         return PrefixCache(max_entries=settings.prompt_cache_size, max_bytes=nbytes, min_hit=min_hit)
     disk = None if shard is not None else _disk_tier(loaded, settings)
     return BlockStore(max_bytes=nbytes, min_hit=min_hit, disk=disk)
