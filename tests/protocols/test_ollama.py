@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from ollama import (
     ChatResponse,
     EmbeddingsResponse,
@@ -347,3 +349,30 @@ def test_embed_refuses_what_it_cannot_read(
     with pytest.raises(InvalidRequest) as e:
         fmt.parse(orjson.dumps(body))
     assert e.value.param == param
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+FIELDS = ["model", "messages", "prompt", "options", "format", "tools", "think", "stream", "keep_alive",
+          "raw", "system", "context", "logprobs", "top_logprobs", "input"]  # fmt: skip
+OPTION_VALUES = st.dictionaries(st.sampled_from(sorted(ollama.Options.__struct_fields__) + ["num_gpu"]), JSON)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.dictionaries(st.sampled_from(FIELDS), JSON | OPTION_VALUES, max_size=6),
+    chat=st.booleans(),
+)
+def test_any_body_is_a_job_or_a_400(ctx: ProtocolContext, body: dict[str, Any], chat: bool) -> None:
+    fmt = ollama.CHAT if chat else ollama.GENERATE
+    try:
+        raw = orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return  # not JSON (an int past 64 bits, NaN): nothing a client can send
+    try:
+        fmt.parse(raw, ctx)
+    except InvalidRequest as exc:
+        assert exc.status == 400 and exc.message
