@@ -10,6 +10,7 @@ body reports, exactly. Each function answers `(status, body)`, errors in OpenAI'
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -79,7 +80,7 @@ def _tokenize(body: bytes, ctx: ProtocolContext) -> dict[str, Any]:
     ids = _chat_ids(req, body, ctx) if req.messages is not None else _text_ids(req, ctx)
     out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": ctx.context_length}
     if req.with_pieces:
-        out["tokens"] = [{"id": i, "piece": ctx.tokenizer.decode([i])} for i in ids]
+        out["tokens"] = [{"id": i, "piece": _piece(i, ctx)} for i in ids]
     if req.return_token_strs:
         out["token_strs"] = _token_strs(ids, ctx)
     return out
@@ -108,6 +109,41 @@ def _text_ids(req: TokenizeBody, ctx: ProtocolContext) -> list[int]:
     if not text:
         return []
     return ctx.tokenizer.encode(text) if special else ctx.tokenizer.encode_continuation(text)
+
+
+def _piece(token: int, ctx: ProtocolContext) -> str | list[int]:
+    """The token's text, or (as llama.cpp) its bytes when they are not whole UTF-8 characters."""
+    text = ctx.tokenizer.decode([token])
+    if "\ufffd" not in text:
+        return text
+    raw = _token_bytes(_token_strs([token], ctx)[0])
+    if raw is None:
+        return text
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's spelling of bytes as characters (GPT-2's table), reversed."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    table = {chr(b): b for b in kept}
+    table.update({chr(256 + n): b for n, b in enumerate(shifted)})
+    return table
+
+
+BYTE_DECODER = _byte_decoder()
+BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
+
+
+def _token_bytes(spelled: str) -> bytes | None:
+    if (found := BYTE_TOKEN.fullmatch(spelled)) is not None:
+        return bytes([int(found[1], 16)])
+    if spelled and all(ch in BYTE_DECODER for ch in spelled):
+        return bytes(BYTE_DECODER[ch] for ch in spelled)
+    return None
 
 
 def _token_strs(ids: list[int], ctx: ProtocolContext) -> list[str]:

@@ -67,6 +67,14 @@ def test_tokenize_round_trips_and_apply_template_shows_the_prompt(
     ids = [p["id"] for p in pieces]
     assert ids == post(smollm_server, "/tokenize", {"content": text})["tokens"]
     assert pieces[0]["piece"] == "Hello" and pieces[1]["piece"] == " world"
+    split = post(smollm_server, "/tokenize", {"content": "🙂 日本語", "with_pieces": True})["tokens"]
+    spelled = [p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in split]
+    assert b"".join(spelled) == "🙂 日本語".encode() and {"本"} <= {
+        p["piece"] for p in split if isinstance(p["piece"], str)
+    }
+    assert any(
+        isinstance(p["piece"], list) for p in split
+    )  # parts of a character come as bytes, as llama.cpp's
     assert post(smollm_server, "/detokenize", {"tokens": ids})["content"] == text
     prompt = post(smollm_server, "/apply-template", {"messages": MESSAGES})["prompt"]
     assert prompt.startswith("<|im_start|>system\nAnswer briefly.<|im_end|>") and prompt.endswith(

@@ -108,3 +108,10 @@ def test_a_model_not_served_is_a_404_as_on_the_generation_routes(special: Protoc
         assert (
             status == 404 and out["error"]["code"] == "model_not_found" and out["error"]["param"] == "model"
         )
+
+
+def test_token_bytes_read_byte_level_and_byte_fallback_spellings() -> None:
+    assert token_tools._token_bytes("ðŁ") == "🙂".encode()[:2]
+    assert token_tools._token_bytes("Ġæ") == b" " + "日".encode()[:1]
+    assert token_tools._token_bytes("<0xE6>") == b"\xe6"
+    assert token_tools._token_bytes("▁hello") is None
