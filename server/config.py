@@ -231,8 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--engine-stall-s",
         type=float,
-        help="seconds without an engine step, with work in flight, before the engine reads as not "
-        "responding: /health 503, streams get an error (30; 0: off)",
+        help="seconds without an answer from the engine (ten times that without a step), with work "
+        "in flight, before it reads as not responding: /health 503, streams get an error (30; 0: off)",
     )
     a(
         "--engine-stall-action",

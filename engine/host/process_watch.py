@@ -42,12 +42,13 @@ class ProcessWatchdog:
             return
         self.progress.working(now)
         self._send(child, StatsQuery(WATCH_NONCE))
-        if self.progress.stalled(now) and self.state is EngineState.READY:
-            self._stalled(child)
+        why = self.progress.stalled(now)
+        if why is not None and self.state is EngineState.READY:
+            self._stalled(child, why)
 
-    def _stalled(self, child: Any) -> None:
-        """No step for stall_s with work in flight: its streams fail now, /health says so."""
-        message = f"engine not responding: no step completed in {self.progress.stall_s:g} s"
+    def _stalled(self, child: Any, why: str) -> None:
+        """Work in flight and no answer, or no step: its streams fail now, /health says so."""
+        message = f"engine not responding: {why}"
         log.error("%s; %s", message, "restarting it" if self.restart_stalled else "waiting for it")
         for request_id, stream in child.streams.items():
             stream.push(request_id, EngineFailed(message))

@@ -102,3 +102,24 @@ def test_sends_to_a_stopped_engine_never_block_the_loop_and_past_the_outbox_are_
     accepted, refused, stalled, recovered = bounded(go())
     assert refused > 0 and accepted > 0
     assert stalled == "not responding" and recovered == "ready"
+
+
+def test_a_slow_step_that_still_answers_is_not_a_hang_but_silence_is() -> None:
+    from engine.host.watchdog import STEP_LIMIT_FACTOR, Progress
+
+    slow = Progress(stall_s=30)
+    slow.working(0.0)
+    for t in range(1, 200):  # one long prefill step: the reader answers every second, steps stay put
+        slow.saw(steps=7, now=float(t))
+        assert slow.stalled(float(t)) is None
+    stuck_for = STEP_LIMIT_FACTOR * 30 + 2  # the count last moved at t = 1
+    for t in range(200, stuck_for + 1):
+        slow.saw(steps=7, now=float(t))
+    assert "no step" in (slow.stalled(float(stuck_for)) or "")
+
+    silent = Progress(stall_s=30)
+    silent.working(0.0)
+    silent.saw(steps=3, now=1.0)
+    assert silent.stalled(30.0) is None
+    assert "no answer" in (silent.stalled(31.5) or "")
+    assert Progress(stall_s=0).stalled(1e9) is None  # off
