@@ -4,15 +4,17 @@ scheduler, a scripted runner): NDJSON framing, heartbeats, in-band errors, Ollam
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import orjson
+import pytest
 
 from engine.host.thread import ThreadEngine
 from server.app import App
 from server.config import Config
 from tests.support.asgi import Reply, call
-from tests.support.fake_engine import fake_engine
+from tests.support.fake_engine import FakeTokenizer, fake_engine
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 8}}
 
@@ -77,3 +79,33 @@ def test_unknown_api_paths_and_methods_answer_in_ollamas_shape() -> None:
     missing, wrong = asyncio.run(go())
     assert missing.status == 404 and set(missing.json()) == {"error"}
     assert wrong.status == 405 and set(wrong.json()) == {"error"} and wrong.headers["allow"] == "POST"
+
+
+def test_tokenizing_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token tools and Ollama's routes template and tokenize in a worker thread, as the
+    generation routes do: the loop keeps answering while a big body is read."""
+    engine, _ = fake_engine(["a"], context=4096)
+    threads: list[int] = []
+    render = FakeTokenizer.apply_chat_template
+
+    def recording(self: FakeTokenizer, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return render(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeTokenizer, "apply_chat_template", recording)
+    huge = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "x" * 5_000_000}]})
+
+    async def go() -> tuple[list[int], int]:
+        app = await serving(engine)
+        statuses = []
+        for path in ("/tokenize", "/v1/chat/completions/input_tokens", "/api/chat"):
+            task = asyncio.create_task(call(app, "POST", path, huge, timeout_s=60))
+            while not task.done():
+                assert (await call(app, "GET", "/health")).status == 200
+                await asyncio.sleep(0.005)
+            statuses.append((await task).status)
+        return statuses, threading.get_ident()
+
+    statuses, loop_thread = asyncio.run(go())
+    assert statuses == [400, 400, 400]  # longer than the context: refused, after the work
+    assert len(threads) >= 3 and loop_thread not in threads
