@@ -95,6 +95,8 @@ def engine_settings(config: Config) -> EngineSettings:
         warmup=config.warmup,
         stall_s=config.engine_stall_s,
         restart_stalled=config.engine_stall_action == "restart",
+        kv_bits=config.kv_bits,
+        kv_group_size=config.kv_group_size,
     )
 
 

@@ -16,7 +16,9 @@ KIB = 1 << 10
 MIB = 1 << 20
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # mlx_lm.server flags whose behaviour we do not have yet: refused, never ignored.
-NOT_YET = ("kv_bits",)
+NOT_YET: tuple[str, ...] = ()
+KV_BITS = (4, 8)  # --kv-bits: the widths the quality tests cover
+KV_GROUP_SIZES = (32, 64, 128)
 SHARD_MODES = ("tensor", "pipeline")
 DRAFT_KINDS = ("ngram", "draft")
 SPECULATION_GATES = ("auto", "off")
@@ -60,7 +62,8 @@ class Config:
     num_draft_tokens: int = 3
     draft_kind: str | None = None
     speculation_gate: str = "auto"
-    kv_bits: int | None = None
+    kv_bits: int | None = None  # KV stored quantized at this many bits (engine.rows.quantized_kv)
+    kv_group_size: int = 64
     shard: str | None = None  # "tensor" or "pipeline" across an mlx.launch group (engine.host.shard)
     pipeline: bool = False  # mlx_lm.server's flag: the same as shard = "pipeline"
     max_body_bytes: int = 32 * MIB
@@ -213,7 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: speculate at a batch size only while it measures faster than plain decoding; "
         "off: speculate on every step where a row has drafts (auto)",
     )
-    a("--kv-bits", type=int, help="KV cache quantization bits (not supported yet)")
+    a(
+        "--kv-bits",
+        type=int,
+        help="store the KV cache quantized at 8 or 4 bits (about half or a quarter of bf16's bytes, so "
+        "more rows and longer contexts fit); no prefix cache and no speculative decoding with it; "
+        "default: unquantized (docs/kv-quantization.md)",
+    )
+    a("--kv-group-size", type=int, help="--kv-bits quantization group size: 32, 64 or 128 (64)")
     a(
         "--shard",
         choices=SHARD_MODES,
@@ -356,6 +366,22 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
         )
     _check_deploy(cfg, parser)
     _check_shard(cfg, parser)
+    _check_kv_bits(cfg, parser)
+
+
+def _check_kv_bits(cfg: Config, parser: argparse.ArgumentParser) -> None:
+    if cfg.kv_group_size not in KV_GROUP_SIZES:
+        parser.error(f"--kv-group-size must be one of {', '.join(map(str, KV_GROUP_SIZES))}")
+    if cfg.kv_bits is None:
+        return
+    if cfg.kv_bits not in KV_BITS:
+        parser.error(f"--kv-bits must be one of {', '.join(map(str, KV_BITS))}")
+    if cfg.draft_kind:
+        parser.error(
+            f"--kv-bits cannot be combined with --draft-kind {cfg.draft_kind} (speculative decoding)"
+        )
+    if cfg.shard:
+        parser.error("--kv-bits cannot be combined with --shard")
 
 
 def _check_shard(cfg: Config, parser: argparse.ArgumentParser) -> None:

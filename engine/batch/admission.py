@@ -131,6 +131,7 @@ def plan_memory(
     max_running: int = 1,
     chunk_logits: bool = True,
     draft_tokens: int = 0,
+    kv_quantization: tuple[int, int] | None = None,
 ) -> MemoryPlan:
     """Measure the loaded model and decide the KV capacity and context limit, or refuse.
 
@@ -140,10 +141,13 @@ def plan_memory(
     `draft_tokens` (a speculating server's γ) charges what a speculating row holds beyond its
     tokens: its drafts before the rejected ones are cut, and cut positions kept as masked holes
     until compaction (engine.speculation.cut_cache: at most max(32, length / 16) a row).
+    `kv_quantization` (bits, group size: --kv-bits) charges the quantized KV's bytes instead.
     """
     budget = MemoryBudget(budget_bytes, "--memory-budget") if budget_bytes is not None else default_budget()
     probe = probe_model(model)
     kv, shape = probe.kv, probe.shape
+    if kv_quantization is not None:
+        kv = quantized_kv(kv, shape.act_bytes, *kv_quantization)
     weights = weights_bytes(model)
     fixed = weights + max_running * (kv.per_sequence + kv.step_slack)
     if draft_tokens:
@@ -180,6 +184,17 @@ def plan_memory(
         transient(context),
         capacity(context),
         context,
+    )
+
+
+def quantized_kv(kv: KvCost, act_bytes: int, bits: int, group_size: int) -> KvCost:
+    """The KV cost with keys and values stored as `mx.quantize` triples: `bits` per element plus
+    a scale and a bias (the activation dtype) per `group_size` elements, where the probe measured
+    `act_bytes` per element. Only full-attention layers are quantized (engine.rows.quantized_kv)."""
+    per_element = bits * group_size + 16 * act_bytes  # in eighths of a byte per group_size elements
+    scale = 8 * group_size * act_bytes
+    return KvCost(
+        -(-kv.per_token * per_element // scale), kv.window_per_token, kv.window_full, kv.per_sequence
     )
 
 

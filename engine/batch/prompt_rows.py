@@ -25,6 +25,7 @@ from engine.model.mlx_boundary import (
     greedy_sampler,
     make_prompt_cache,
 )
+from engine.rows.quantized_kv import make_quantized_cache
 from engine.rows.row_guard import RowFaults, fenced_processor, fenced_sampler
 from engine.rows.sampling import make_row_processors, make_row_sampler
 from engine.rows.step_records import PrefillChunk
@@ -42,8 +43,15 @@ class PromptRows:
 
     spec: SpeculatingRows  # the runner's (BatchRunner sets it): told of each row admitted
 
-    def __init__(self, model: Model, prefill_step_size: int, prefix_cache: PrefixStore | None) -> None:
+    def __init__(
+        self,
+        model: Model,
+        prefill_step_size: int,
+        prefix_cache: PrefixStore | None,
+        kv_quantization: tuple[int, int] | None = None,
+    ) -> None:
         self.model = model
+        self.kv_quantization = kv_quantization  # (bits, group size): rows' KV stored quantized
         self.prefill_step_size = prefill_step_size
         self.prefix_cache = prefix_cache
         self._uids = itertools.count()
@@ -72,7 +80,7 @@ class PromptRows:
             prompt = PromptProcessingBatch(
                 self.model,
                 [uid],
-                [cache if cache is not None else make_prompt_cache(self.model)],
+                [cache if cache is not None else self._new_cache()],
                 tokens=[list(request.prompt_tokens[:num_cached])],
                 prefill_step_size=self.prefill_step_size,
                 samplers=[fenced_sampler(make_row_sampler(request.sampling), uid, self._faults)],
@@ -87,6 +95,12 @@ class PromptRows:
         self._prompts[request.id] = prompt
         if request.logprobs is not None:
             self._asks_logprobs.add(request.id)
+
+    def _new_cache(self) -> list[CacheLayer]:
+        if self.kv_quantization is None:
+            return make_prompt_cache(self.model)
+        bits, group_size = self.kv_quantization
+        return make_quantized_cache(self.model, bits, group_size)
 
     def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> list[tuple[PromptProcessingBatch, list[int]]]:
         """Each row's prompt chunk, alone; the rows whose last chunk this is, to join decoding.

@@ -40,8 +40,9 @@ class BatchRunner(PromptRows):
         lone_row: bool = True,
         bucket_prefill: bool = False,
         separate_prefill: bool = False,
+        kv_quantization: tuple[int, int] | None = None,
     ) -> None:
-        super().__init__(model, prefill_step_size, prefix_cache)
+        super().__init__(model, prefill_step_size, prefix_cache, kv_quantization)
         self.lone_row = lone_row  # a lone row steps on plain KV caches (off: only to bench the difference)
         # Joining rows' prompts padded to prefill_width: for a backend that builds kernels for
         # each new shape (engine.host.assemble.builds_per_shape)
@@ -227,6 +228,7 @@ class BatchRunner(PromptRows):
             lone_row=self.lone_row,
             bucket_prefill=self.bucket_prefill,
             separate_prefill=self.separate_prefill,
+            kv_quantization=self.kv_quantization,
         )
 
     @property

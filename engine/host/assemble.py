@@ -44,11 +44,42 @@ def plan_engine_memory(
             max_context=settings.max_context,
             max_running=rows,
             draft_tokens=draft_tokens,
+            kv_quantization=kv_quantization(settings),
         )
 
     if settings.max_running is not None:
         return plan_for(settings.max_running)
     return plan_rows(plan_for, min(MAX_ROWS_FROM_MEMORY, settings.token_budget // (1 + draft_tokens)))
+
+
+def kv_quantization(settings: EngineSettings) -> tuple[int, int] | None:
+    """(bits, group size) with --kv-bits, else None."""
+    return None if settings.kv_bits is None else (settings.kv_bits, settings.kv_group_size)
+
+
+def check_kv_quantization(loaded: LoadedModel, settings: EngineSettings) -> None:
+    """--kv-bits needs every layer's cache to be a plain KV cache, and heads the group size
+    divides: refused at start-up otherwise."""
+    import mlx.core as mx
+
+    from engine.rows.quantized_kv import can_quantize, make_quantized_cache
+
+    kv = kv_quantization(settings)
+
+    if kv is None:
+        return
+    if not can_quantize(loaded.model):
+        raise ValueError(
+            "--kv-bits: this model has rotating, chunked or state caches; quantized KV is built "
+            "for models whose every layer has a plain KV cache"
+        )
+    try:  # one token through quantized caches: a head dimension the group does not divide fails here
+        mx.eval(loaded.model(mx.array([[0]]), cache=make_quantized_cache(loaded.model, *kv)))
+    except ValueError as exc:
+        raise ValueError(
+            f"--kv-bits {settings.kv_bits} --kv-group-size {settings.kv_group_size}: "
+            f"this model's attention heads cannot be quantized in groups of that size ({exc})"
+        ) from exc
 
 
 def make_core(
@@ -66,6 +97,7 @@ def make_core(
     from engine.batch.scheduler import Scheduler, SchedulerConfig
     from engine.speculation.rows import Speculation
 
+    check_kv_quantization(loaded, settings)
     plan = plan_engine_memory(loaded, settings, draft)
     if shard is not None:
         plan = shard.agree(plan)
@@ -96,6 +128,7 @@ def make_core(
         speculation=speculation,
         bucket_prefill=per_shape,
         separate_prefill=shard is not None,
+        kv_quantization=kv_quantization(settings),
     )
     core = Core(sched, runner, loaded.tokenizer, counters, prefix, settings.tool_call_parser)
     core.memory_plan = plan
@@ -124,6 +157,9 @@ def make_prefix_cache(
     from engine.model.mlx_boundary import KVCache, make_prompt_cache
 
     if settings.prompt_cache_size <= 0:  # no prefix cache at all (no copy of a finished row's KV)
+        return None
+    if settings.kv_bits is not None:
+        log.warning("prompt cache: off with --kv-bits (it stores unquantized blocks only)")
         return None
     min_hit = gpu_min_hit(mx.default_device().type == mx.DeviceType.gpu)
     if shard is not None:

@@ -41,6 +41,8 @@ class EngineSettings:
     warmup: bool = True  # compile the usual kernel shapes: some before ready, the rest while idle (GPU)
     stall_s: float = 30.0  # watchdog: no step this long with work in flight (0: off)
     restart_stalled: bool = True  # then kill and restart the engine process (False: wait for it)
+    kv_bits: int | None = None  # rows' KV stored quantized at this many bits (engine.rows.quantized_kv)
+    kv_group_size: int = 64
 
     @property
     def capacity(self) -> int:

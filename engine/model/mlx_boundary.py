@@ -120,6 +120,19 @@ if TYPE_CHECKING:
         def extend(self, other: BatchKVCache) -> None: ...
         def extract(self, idx: int) -> KVCache: ...
 
+    class QuantizedKVCache:
+        """One row's KV as `mx.quantize` triples (packed values, scales, biases)."""
+
+        keys: Any  # a triple of (1, heads, slots, ·) arrays; None until the first write
+        values: Any
+        offset: int
+        group_size: int
+        bits: int
+
+        def __init__(self, group_size: int = 64, bits: int = 8) -> None: ...
+        @property
+        def state(self) -> Any: ...
+
     class TokenBuffer:
         """A row's token context for its logits processors."""
 
@@ -195,6 +208,7 @@ else:
     from mlx_lm.models.cache import (
         BatchKVCache,
         KVCache,
+        QuantizedKVCache,
         TokenBuffer,
         can_trim_prompt_cache,
         make_prompt_cache,
@@ -214,6 +228,7 @@ __all__ = [
     "LogitsProcessor",
     "Model",
     "PromptProcessingBatch",
+    "QuantizedKVCache",
     "RotatingKVCache",
     "Sampler",
     "StopSequences",

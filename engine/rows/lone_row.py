@@ -19,8 +19,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.model.mlx_boundary import BatchKVCache, CacheLayer, KVCache
+from engine.model.mlx_boundary import BatchKVCache, CacheLayer, KVCache, QuantizedKVCache
 from engine.rows.batch_padding import padding_of
+from engine.rows.quantized_kv import BatchQuantizedKVCache, to_batched_quantized, to_plain_quantized
 
 MakeMask = Callable[..., mx.array | None]  # BatchKVCache.make_mask
 
@@ -47,13 +48,17 @@ if not getattr(BatchKVCache.make_mask, "_mlx_serve", False):
 
 
 def can_go_plain(caches: Sequence[CacheLayer]) -> bool:
-    """Whether a one-row batch's caches are all batch KV caches (so each has a plain twin)."""
-    return bool(caches) and all(type(c) is BatchKVCache for c in caches)
+    """Whether a one-row batch's caches are all batch KV caches (so each has a plain twin),
+    plain or all quantized (their twin: mlx-lm's QuantizedKVCache)."""
+    kinds = {type(c) for c in caches}
+    return kinds == {BatchKVCache} or kinds == {BatchQuantizedKVCache}
 
 
 def to_plain(caches: Sequence[CacheLayer]) -> list[CacheLayer]:
     """One row's batch caches as plain KV caches over the same buffers (its padding sliced off;
     a row alone in its batch has none once mlx-lm's filter has shifted it out)."""
+    if caches and isinstance(caches[0], BatchQuantizedKVCache):
+        return to_plain_quantized(caches)
     plain: list[CacheLayer] = []
     for c in caches:
         assert isinstance(c, BatchKVCache)
@@ -69,6 +74,8 @@ def to_plain(caches: Sequence[CacheLayer]) -> list[CacheLayer]:
 
 def to_batched(caches: Sequence[CacheLayer]) -> list[CacheLayer]:
     """Plain KV caches of one row back as batch caches over the same buffers (no padding)."""
+    if caches and isinstance(caches[0], QuantizedKVCache):
+        return to_batched_quantized(caches)
     batched: list[CacheLayer] = []
     for c in caches:
         assert isinstance(c, KVCache)

@@ -77,9 +77,9 @@ def test_config_toml_unknown_key_is_an_error(tmp_path: Path, capsys: pytest.Capt
     assert "modle" in capsys.readouterr().err
 
 
-def test_config_refuses_features_not_built_yet() -> None:
+def test_config_refuses_kv_bits_it_does_not_serve() -> None:
     with pytest.raises(SystemExit):
-        load_config(["--kv-bits", "4"])
+        load_config(["--kv-bits", "3"])  # 8 and 4 are served (tests/engine/rows/test_kv_quantization_plan.py)
 
 
 def test_config_speculation_flags() -> None:
