@@ -38,7 +38,7 @@ from engine.gguf.tokenizer import write_tokenizer
 from engine.gguf.vocab import eos_token_ids
 
 # Bump whenever the folder's contents would change for the same GGUF file.
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 4
 CACHE_ENV = "MLX_SERVE_CACHE"
 SHARD_BYTES = 1 << 30
 

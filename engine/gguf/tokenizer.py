@@ -127,7 +127,11 @@ def _byte_charset() -> frozenset[str]:
 def _byte_level_tokenizer(vocab: GGUFVocab) -> Tokenizer:
     if vocab.merges is None:
         raise ValueError("GGUF byte-level BPE tokenizer has no tokenizer.ggml.merges")
-    ids = {_byte_level_spelling(t): i for i, t in enumerate(vocab.tokens)}
+    # Control and user-defined tokens are matched whole as added tokens, by their own text:
+    # spelled byte-level, a non-ASCII one (DeepSeek-R1's `<｜User｜>`) would get a new id.
+    types = vocab.token_types.tolist()
+    whole = {i for i, k in enumerate(types) if k in (_CONTROL, _USER_DEFINED)}
+    ids = {(t if i in whole else _byte_level_spelling(t)): i for i, t in enumerate(vocab.tokens)}
     merges = [_merge_pair(m) for m in vocab.merges]
     # llama.cpp takes a whole pre-token found in a Llama 3 vocabulary without merging
     model = BPE(ids, merges, fuse_unk=False, byte_fallback=False, ignore_merges=vocab.pre in _LLAMA3_PRE)
