@@ -21,6 +21,7 @@ BENCHMARKS = {
     "speculation": "bench.speculation",
     "startup": "bench.startup",
     "loop": "bench.loop",
+    "embed": "bench.embed",
 }
 
 
