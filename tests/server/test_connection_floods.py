@@ -95,6 +95,7 @@ def test_a_connection_that_never_sends_a_request_is_closed_at_the_first_request_
 ) -> None:
     monkeypatch.setattr(transport.ServedConnection, "first_request_s", 1.0)
     with flood_server() as (url, gate):
+        wait_for(lambda: gate.open == 0)  # the readiness probe's connection has closed
         silent = connect(url, CAP)
         wait_for(lambda: gate.open == CAP)
         began = time.monotonic()
@@ -125,6 +126,7 @@ def test_probes_are_answered_past_the_cap_while_silent_connections_hold_the_over
 ) -> None:
     monkeypatch.setattr(connections, "OVERFLOW_HEAD_S", 30.0)  # the silent ones hold their slots throughout
     with flood_server() as (url, gate):
+        wait_for(lambda: gate.open == 0)  # the readiness probe's connection has closed
         held = connect(url, CAP)
         wait_for(lambda: gate.open == CAP)
         silent = connect(url, 3 * connections.OVERFLOW_SLOTS)
