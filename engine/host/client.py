@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import enum
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -197,6 +198,16 @@ class EngineClient(abc.ABC):
 
     def _abort(self, request_id: str) -> None:
         """Tell the model's owner a request was cancelled (a thread host sees the ticket itself)."""
+
+    def _failed_to_load(self, exc: Exception) -> None:
+        """The model could not be loaded: FAILED, said once (by the server when it listens for
+        that, which then exits; else in the log)."""
+        logging.getLogger("mlx_serve.engine").debug("model failed to load", exc_info=exc)
+        self.error, self.state = f"cannot load the model: {type(exc).__name__}: {exc}", EngineState.FAILED
+        if self.on_fatal is not None:
+            self.on_fatal(self.error)
+        else:
+            logging.getLogger("mlx_serve.engine").error("%s", self.error)
 
     def _accepting(self) -> bool:
         return self.ready

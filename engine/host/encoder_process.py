@@ -69,13 +69,8 @@ class EncoderProcessEngine(EncoderEngine):
         try:
             encoder = self._load()  # the tokenizer and facts; the weights load in the child
             self._spawn()
-        except Exception as exc:
-            log.debug("model failed to load", exc_info=True)
-            self.error, self.state = f"cannot load the model: {type(exc).__name__}: {exc}", EngineState.FAILED
-            if self.on_fatal is not None:
-                self.on_fatal(self.error)
-            else:
-                log.error("%s", self.error)
+        except Exception as exc:  # noqa: BLE001 - any load failure is the model's: FAILED, said once
+            self._failed_to_load(exc)
             return
         log.info(
             "embedding model %s: %d dimensions, context %d tokens (in process %s)",

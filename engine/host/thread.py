@@ -85,13 +85,8 @@ class ThreadEngine(EngineClient):
             plan, span = getattr(core, "memory_plan", None), spelling_span(loaded.tokenizer)
             warm_prompt_path(loaded.tokenizer)
             self._loaded(loaded.model_id, loaded.tokenizer, plan, span)
-        except Exception as exc:
-            log.debug("model failed to load", exc_info=True)
-            self.error, self.state = f"cannot load the model: {type(exc).__name__}: {exc}", EngineState.FAILED
-            if self.on_fatal is not None:
-                self.on_fatal(self.error)  # the server says it once, and exits
-            else:
-                log.error("%s", self.error)
+        except Exception as exc:  # noqa: BLE001 - any load failure is the model's: FAILED, said once
+            self._failed_to_load(exc)
             return
         self.state = EngineState.READY
         try:
