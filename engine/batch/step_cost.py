@@ -7,9 +7,9 @@ token's time — and sizes the prompt part of a step so the whole step stays wit
 `max_step_s` when the operator set one (`--max-step-ms`), else `DECODE_STEP_MULTIPLE` times a
 decode step (streams' gaps stay within that multiple of their usual gap while a prompt
 prefills). A step never carries fewer than `min_chunk` prompt tokens: chunks much smaller than
-that cost more per token on every backend, and a long prompt must still make progress; until both
-estimates exist, a prompt beside decoding rows gets `min_chunk` tokens a step, which measures them.
-With no row decoding there is no gap to protect and the whole token budget goes to prompts.
+that cost more per token on every backend, and a long prompt must still make progress. Until both
+estimates exist (a step with prompt tokens and one without, beside decoding rows) and with no row
+decoding, the whole token budget goes to prompts.
 
 Pure Python (the scheduler's side of the step): unit-tested with made-up timings.
 """
@@ -40,10 +40,8 @@ class StepCost:
 
     def prompt_budget(self, budget: int, decode_rows: int) -> int:
         """Prompt tokens the next step may carry, of the `budget` left after decoding rows."""
-        if decode_rows == 0 or self.max_step_s == 0:
+        if decode_rows == 0 or self.max_step_s == 0 or self.decode_s is None or self.token_s is None:
             return budget
-        if self.decode_s is None or self.token_s is None:
-            return min(budget, self.min_chunk)  # the first prompt chunk beside streams measures the cost
         target = self.max_step_s if self.max_step_s is not None else DECODE_STEP_MULTIPLE * self.decode_s
         fits = int((target - self.decode_s) / self.token_s + 1e-6) if self.token_s > 0 else budget
         return min(budget, max(self.min_chunk, fits))

@@ -24,7 +24,7 @@ def test_fair_shares_give_a_budget_below_min_chunk_to_the_oldest() -> None:
 
 def test_step_cost_keeps_a_step_beside_decoding_rows_within_its_multiple_of_a_decode_step() -> None:
     cost = StepCost(min_chunk=64)
-    assert cost.prompt_budget(2048, decode_rows=8) == 64  # nothing measured yet: a small chunk measures it
+    assert cost.prompt_budget(2048, decode_rows=8) == 2048  # nothing measured yet
     for _ in range(20):
         cost.observe(0, 8, 0.010)  # decode steps of 10 ms
         cost.observe(1000, 8, 0.010 + 1000 * 0.0001)  # 0.1 ms a prompt token
