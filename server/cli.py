@@ -24,6 +24,20 @@ if TYPE_CHECKING:  # the engine is imported only once the flags are read (fast -
     from server.shutdown import Drain
 
 
+PROCESS_NAME = b"mlx-serve"  # what `ps -e` and `pgrep mlx-serve` show on Linux (15 bytes at most)
+
+
+def name_process() -> None:
+    """Linux: name this process mlx-serve, whatever started it (`python3 -m server` too)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None).prctl(15, PROCESS_NAME, 0, 0, 0)  # PR_SET_NAME
+        except (OSError, AttributeError):
+            pass  # a libc without prctl: the name stays the interpreter's
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["service"]:  # `mlx-serve service print-plist|print-systemd [flags]`
@@ -44,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(run(args))
     config = load_config(args)
+    name_process()
     from engine.host.build import prepare_process
     from engine.host.settings import LOG_FORMAT
 

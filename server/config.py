@@ -116,7 +116,7 @@ def package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("mlx-serve")
+        return version("mlx-serving")
     except PackageNotFoundError:
         return "unknown"
 

@@ -52,3 +52,18 @@ def test_help_names_the_commands_and_what_compatibility_flags_do() -> None:
     assert "--use-default-chat-template accepted for mlx_lm.server compatibility, with no effect" in text
     assert "a path to a .jinja file" in text and "what the log shows (INFO)" in text
     assert "Default: off" not in text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process name is set with Linux's prctl")
+def test_the_server_process_is_named_mlx_serve(smollm_server: ServerProcess) -> None:
+    comm = Path(f"/proc/{smollm_server.proc.pid}/comm").read_text().strip()
+    assert comm == "mlx-serve"  # `pgrep mlx-serve` finds it, though it was started as python -m server
+
+
+def test_both_command_names_are_installed() -> None:
+    bin_dir = Path(sys.executable).parent
+    for name in ("mlx-serve", "mlx-serving"):
+        out = subprocess.run(
+            [str(bin_dir / name), "--version"], capture_output=True, text=True, timeout=60, check=True
+        )
+        assert out.stdout.startswith("mlx-serve ")
