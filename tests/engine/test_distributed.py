@@ -216,15 +216,17 @@ def test_group_lost_message_names_the_cause() -> None:
 
 def test_sharded_engine_process_that_dies_is_not_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
     import engine.host.shard
+    from engine.host.child import ChildProcess
     from engine.host.client import EngineState
-    from engine.host.process import ProcessEngine, _Child
+    from engine.host.outbox import Outbox
+    from engine.host.process import ProcessEngine
 
     monkeypatch.setattr(engine.host.shard, "GROUP_LOST_GRACE_S", 0.0)
 
     async def scenario() -> tuple[ProcessEngine, list[str]]:
         engine_ = ProcessEngine(lambda: (None, ()), restartable=False)
         engine_._loop = asyncio.get_running_loop()
-        engine_._child = child = _Child(process=None, conn=None)
+        engine_._child = child = ChildProcess(process=None, conn=None, outbox=Outbox(None))
         engine_.info = {"shard": {"mode": "tensor", "size": 2}}
         fatal: list[str] = []
         engine_.on_fatal = fatal.append
