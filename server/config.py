@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="while rows decode, size prompt chunks so a step takes about this long: lower keeps streams "
         "smoother beside a long prompt, higher prefills it sooner (default: 2.5x a measured decode step, "
-        "at least 64 prompt tokens a step; 0: the whole --prefill-step-size every step)",
+        "at least 256 prompt tokens a step; 0: the whole --prefill-step-size every step)",
     )
     a("--max-queue", type=int, help="requests allowed to wait for a batch slot before 429 (64)")
     a(

@@ -70,7 +70,7 @@ class SchedulerConfig:
     kv_capacity_tokens: int | None = None
     draft_tokens: int = 0  # a decoding row may verify this many draft tokens a step, on the budget
     max_step_s: float | None = None  # a step's time target beside decoding rows (StepCost); 0: none
-    min_chunk: int = 64  # the least prompt tokens a prefilling row is given in a step it is given any
+    min_chunk: int = 256  # the least prompt tokens a prefilling row is given in a step it is given any
 
 
 class Scheduler:

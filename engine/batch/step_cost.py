@@ -25,7 +25,7 @@ SMOOTHING = 0.2  # weight of the newest step in each running estimate
 @dataclass(slots=True)
 class StepCost:
     max_step_s: float | None = None  # None: DECODE_STEP_MULTIPLE × the measured decode step; 0: off
-    min_chunk: int = 64
+    min_chunk: int = 256
     decode_s: float | None = None  # a step with decoding rows and no prompt tokens
     token_s: float | None = None  # one prompt token's share of a step that carried some
 
