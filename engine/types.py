@@ -14,15 +14,18 @@ MIN_TOP_P = 1e-30  # a top_p below this keeps the most likely token only (float3
 class SamplingParams:
     """Resolved sampling for one request (server defaults already applied)."""
 
-    temperature: float = 0.0
-    top_p: float = 1.0
+    # A real-valued knob declares its range here, once: engine.validation checks every field
+    # that has one (a 400 naming it), so a new one is this field, its use in engine.rows.sampling
+    # and the protocol field that sets it.
+    temperature: float = field(default=0.0, metadata={"range": (0.0, None)})
+    top_p: float = field(default=1.0, metadata={"range": (0.0, 1.0)})
     top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 0.0
+    min_p: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
+    repetition_penalty: float = field(default=0.0, metadata={"range": (0.0, None)})
     repetition_context_size: int = 20
-    presence_penalty: float = 0.0
+    presence_penalty: float = field(default=0.0, metadata={"range": (None, None)})
     presence_context_size: int = 20
-    frequency_penalty: float = 0.0
+    frequency_penalty: float = field(default=0.0, metadata={"range": (None, None)})
     frequency_context_size: int = 20
     logit_bias: dict[int, float] | None = None
     seed: int | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from engine.errors import InvalidRequest
 from engine.types import Request, SamplingParams
@@ -83,14 +83,11 @@ class Check:
             raise self.fail(field, f"{must} (0..{vocab - 1})")
 
     def sampling(self, s: SamplingParams) -> None:
-        self.real("temperature", s.temperature, low=0.0)
-        self.real("top_p", s.top_p, low=0.0, high=1.0)
+        for knob in fields(SamplingParams):
+            if (bounds := knob.metadata.get("range")) is not None:
+                self.real(knob.name, getattr(s, knob.name), *bounds)
         if s.top_p == 0.0:
             raise self.fail("top_p", "above 0")
-        self.real("min_p", s.min_p, low=0.0, high=1.0)
-        self.real("repetition_penalty", s.repetition_penalty, low=0.0)
-        self.real("presence_penalty", s.presence_penalty)
-        self.real("frequency_penalty", s.frequency_penalty)
         vocab = self.limits.vocab_size
         if not _is_int(s.top_k) or not 0 <= s.top_k < vocab:
             raise self.fail("top_k", f"an integer from 0 (off) to {vocab - 1}, below this model's vocabulary")

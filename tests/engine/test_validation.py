@@ -92,3 +92,12 @@ def test_validation_checks_every_choice_of_a_call() -> None:
         validate_call([sampled(seed=SEED_LIMIT - 1), sampled(seed=SEED_LIMIT)], LIMITS)
     assert info.value.param == "seed"  # the server gives choice i the seed + i
     assert refused(GOOD, n=17).param == "n"
+
+
+def test_every_real_sampling_knob_declares_the_range_validation_checks() -> None:
+    from dataclasses import fields
+
+    from engine.types import SamplingParams
+
+    real = [f.name for f in fields(SamplingParams) if f.type in ("float", float)]
+    assert real and all("range" in f.metadata for f in fields(SamplingParams) if f.name in real)
