@@ -78,6 +78,9 @@ class Ticket:
     request: Request
     emit: Callable[[Event | ServeError], None]
     aborted: threading.Event = field(default_factory=threading.Event)
+    # Admitted to a row (running, not waiting): set on the step loop, read by a stats answer
+    # given off it (engine.host.process_child), so the counts are live during a long step.
+    started: bool = False
     constraint: Any = None  # its grammar compiled off the step loop (a rows.grammar.Constraint), or None
 
 

@@ -142,6 +142,8 @@ class RequestLifecycle:
     def _start(self, seq_id: str, now: float) -> None:
         if (clock := self.clocks.get(seq_id)) is not None:
             clock.admitted = now
+        if (ticket := self.tickets.get(seq_id)) is not None:
+            ticket.started = True
         seq = self.scheduler.get(seq_id)
         assert seq is not None
         found = self._prefixes.pop(seq_id, None)

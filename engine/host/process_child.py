@@ -90,4 +90,14 @@ def _child_reader(
             if ticket is not None:
                 ticket.aborted.set()
         elif isinstance(message, StatsQuery):
-            send(Stats(message.nonce, {**asdict(counters), "at": time.time()}))
+            send(Stats(message.nonce, {**asdict(counters), **live_counts(tickets), "at": time.time()}))
+
+
+def live_counts(tickets: dict[str, Ticket]) -> dict[str, int]:
+    """Running and waiting requests as of now, from the tickets in flight: the step loop's
+    gauges are refreshed only between steps, so during a long prefill step they would miss a
+    request that arrived or left since it began. (list() copies the dict in one go: the step
+    loop pops finished tickets from another thread.)"""
+    live = [t for t in list(tickets.values()) if not t.aborted.is_set()]
+    running = sum(1 for t in live if t.started)
+    return {"num_requests_running": running, "num_requests_waiting": len(live) - running}

@@ -181,6 +181,40 @@ def test_process_engine_cancel_frees_the_gate_and_the_child_row() -> None:
     assert inflight == 0 and stats["requests_aborted"] == 1
 
 
+def test_process_engine_stats_are_live_during_a_long_step() -> None:
+    """/stats is answered off the step loop with counts as of now: inside one long first step
+    the admitted row is running, a request sent since waits, and a row aborted since is gone
+    (the loop's own gauges would read 0 / 0 until the step ends)."""
+
+    async def counts(engine: ProcessEngine) -> tuple[int, int]:
+        stats = await engine.stats()
+        return stats["num_requests_running"], stats["num_requests_waiting"]
+
+    async def go() -> list[tuple[int, int] | bool]:
+        engine = engine_for(Script(step_s=4.0))
+        engine.start()
+        await engine.wait_ready()
+        try:
+            first = engine.submit([request("r1", max_tokens=2)])
+            token = asyncio.ensure_future(first.next())
+            for _ in range(100):  # admitted at once; its first step then lasts 4 s
+                if (seen := await counts(engine)) == (1, 0):
+                    break
+                await asyncio.sleep(0.01)
+            second = engine.submit([request("r2", max_tokens=2)])
+            with_second = await counts(engine)  # the Submit reaches the child before this query
+            in_step = not token.done()  # all of this inside r1's first step: no token yet
+            first.cancel()
+            after_abort = await counts(engine)
+            await drain(second)
+            token.cancel()
+            return [seen, with_second, in_step, after_abort]
+        finally:
+            engine.stop()
+
+    assert run(go()) == [(1, 0), (1, 1), True, (0, 1)]
+
+
 def break_mid_stream(
     hurt: Callable[[ProcessEngine], None],
 ) -> tuple[BaseException | None, int, int, int, list[Any]]:
