@@ -181,6 +181,9 @@ def codex_config(url: str, model: str) -> list[str]:
         f"{provider}.base_url": f'"{url}/v1"',
         f"{provider}.env_key": f'"{KEY_ENV}"',
         f"{provider}.wire_api": '"responses"',
+        # Responses over WebSocket: one socket for the whole session, each turn continuing the
+        # last on it (the server keeps the connection's responses for previous_response_id)
+        f"{provider}.supports_websockets": "true",
         # a long agent prompt can take minutes to prefill on a small machine; comments do not count
         f"{provider}.stream_idle_timeout_ms": "1800000",
         "check_for_update_on_startup": "false",

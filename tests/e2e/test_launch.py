@@ -75,4 +75,9 @@ def test_launch_codex_finds_the_running_server(smollm_server: ServerProcess, tmp
     assert "starting a server" not in out.stderr
     events = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [e for e in events if e.get("type") == "turn.completed"]
-    assert smollm_server.log().count("route=/v1/responses ") > before  # it spoke to this server
+    # It spoke to this server over one WebSocket (launch sets supports_websockets): its prewarm
+    # and its turn, which continues the prewarm's response on the same connection.
+    assert "Falling back from WebSockets" not in out.stdout
+    lines = [ln for ln in smollm_server.log().splitlines() if "route=/v1/responses " in ln][before:]
+    assert len(lines) >= 2 and all("method=WS " in ln and "status=200" in ln for ln in lines), lines
+    assert len({ln.split(" client=")[1].split()[0] for ln in lines}) == 1  # one socket

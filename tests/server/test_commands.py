@@ -115,6 +115,7 @@ def test_launch_gives_codex_a_responses_provider_without_touching_its_config(
     overrides = dict(cmd[i + 1].split("=", 1) for i in range(1, len(cmd) - 2, 2) if cmd[i] == "-c")
     assert overrides["model_providers.mlx-serve.base_url"] == '"http://127.0.0.1:9/v1"'
     assert overrides["model_providers.mlx-serve.wire_api"] == '"responses"'
+    assert overrides["model_providers.mlx-serve.supports_websockets"] == "true"  # Codex's preferred transport
     assert overrides["model_provider"] == '"mlx-serve"' and overrides["model"] == '"m"'
     assert overrides["analytics.enabled"] == "false"
     assert cmd[-2:] == ["exec", "hi"] and env["MLX_SERVE_API_KEY"] == "sk-local"
