@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -26,7 +25,8 @@ import numpy as np
 from engine.encoder.model import EncoderModel
 from engine.encoder.runner import embed_group
 from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
-from engine.host.client import Embeddings, EngineClient, EngineState, ModelInfo, RequestStream
+from engine.host.client import Embeddings, EngineState, ModelInfo, RequestStream
+from engine.host.owner_thread import ThreadHost, to_loop
 from engine.model.tokenizer import ChatTokenizer
 from engine.types import EmbedInput, Request
 
@@ -58,30 +58,20 @@ class EmbedCall:
     loop: asyncio.AbstractEventLoop
 
 
-class EncoderEngine(EngineClient):
+class EncoderEngine(ThreadHost[EmbedCall]):
     """Owns the encoder and its thread; `embed()` is its one way in."""
+
+    thread_name = "mlx-encoder"
 
     def __init__(
         self, load: Callable[[], EncoderModel], max_waiting_inputs: int = MAX_WAITING_INPUTS
     ) -> None:
         super().__init__(capacity=0)
         self._load = load
-        self._inbox: queue.SimpleQueue[EmbedCall | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
         self._encoder: EncoderModel | None = None
         self._waiting = 0
         self.max_waiting_inputs = max_waiting_inputs
         self.counters = EmbedCounters()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._main, name="mlx-encoder", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._inbox.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.state = EngineState.STOPPED
 
     async def stats(self) -> dict[str, Any]:
         return {"restarts": 0, "queued_inputs": self._waiting, **asdict(self.counters)}
@@ -163,10 +153,7 @@ class EncoderEngine(EngineClient):
 
 def settle(call: EmbedCall, outcome: np.ndarray | ServeError) -> None:
     """From the owner thread: hand a call its vectors (or its error) on the loop."""
-    try:
-        call.loop.call_soon_threadsafe(_resolve, call.future, outcome)
-    except RuntimeError:  # the loop has closed (shutdown): nobody is left to read it
-        pass
+    to_loop(call.loop, _resolve, call.future, outcome)
 
 
 def _resolve(future: asyncio.Future[np.ndarray], outcome: np.ndarray | ServeError) -> None:

@@ -25,6 +25,7 @@ from engine.host.child import ChildPlan, ChildProcess
 from engine.host.client import EngineClient, EngineState, RequestStream
 from engine.host.frames import POLL_GAP_S, POLL_S, FrameReader
 from engine.host.outbox import Outbox
+from engine.host.owner_thread import to_loop
 from engine.host.process_child import serve_child
 from engine.host.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
 from engine.host.process_watch import WATCH_NONCE, ProcessWatchdog
@@ -245,11 +246,7 @@ class ProcessEngine(ProcessWatchdog, EngineClient):
     def _hand_over(self, handler: Callable[..., None], *args: Any) -> bool:
         """Run `handler` on the loop; False once the loop has closed (the server has stopped)."""
         assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(handler, *args)
-        except RuntimeError:  # the event loop is closed
-            return False
-        return True
+        return to_loop(self._loop, handler, *args)
 
     def _on_message(self, child: ChildProcess, message: Any) -> None:
         if isinstance(message, Events):

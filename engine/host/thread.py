@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
@@ -20,7 +18,8 @@ from typing import Any
 from engine.batch.core import Core
 from engine.batch.core_parts import Ticket
 from engine.errors import ServeError
-from engine.host.client import EngineClient, EngineState, RequestStream
+from engine.host.client import EngineState, RequestStream
+from engine.host.owner_thread import ThreadHost, to_loop
 from engine.model.loader import LoadedModel
 from engine.model.tokenizer import spelling_span, warm_prompt_path
 from engine.types import Counters, Event
@@ -31,8 +30,10 @@ Emit = Callable[[Event | ServeError], None]  # one request's RequestStream.push
 Held = list[tuple[Emit, Event | ServeError]]  # a step's events, held until its flush
 
 
-class ThreadEngine(EngineClient):
+class ThreadEngine(ThreadHost[Ticket]):
     """Owns the model and the MLX thread. Loading happens on that thread after `start()`."""
+
+    thread_name = "mlx-engine"
 
     def __init__(
         self,
@@ -44,21 +45,9 @@ class ThreadEngine(EngineClient):
         super().__init__(capacity, waiting)
         self._loader = loader
         self._make_core = make_core
-        self._inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: Held = []
         self.counters = Counters()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._inbox.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.state = EngineState.STOPPED
 
     async def stats(self) -> dict[str, Any]:
         return {"restarts": 0, **asdict(self.counters)}
@@ -73,10 +62,7 @@ class ThreadEngine(EngineClient):
         if self._outbox and self._loop is not None:
             items = self._outbox[:]
             del self._outbox[:]
-            try:
-                self._loop.call_soon_threadsafe(_push_all, items)
-            except RuntimeError:  # the loop has closed (shutdown): nobody is left to read them
-                pass
+            to_loop(self._loop, _push_all, items)
 
     def _main(self) -> None:
         try:
