@@ -158,13 +158,14 @@ async def serve(config: Config) -> None:
 
     from server import connections
     from server.app import App
+    from server.many import build_registry, is_many
+    from server.metrics import Metrics
     from server.shutdown import Drain
 
     drain = Drain()
-    engine = build_engine(config)
-    from server.metrics import Metrics
-
-    app, trace = serving_stack(App(config, engine, Metrics(in_flight=drain.__len__)), config, drain)
+    engine = build_registry(config, build_engine) if is_many(config) else build_engine(config)
+    served = App(config, engine, Metrics(in_flight=drain.__len__))
+    app, trace = serving_stack(served, config, drain)
     hc = HypercornConfig()
     hc.bind = [f"{_url_host(config.host)}:{config.port}"]
     hc.keep_alive_timeout = config.keep_alive_s
@@ -195,7 +196,8 @@ async def serve(config: Config) -> None:
         fatal.append(error)
         loop.call_soon_threadsafe(stop.set)
 
-    engine.on_fatal = on_fatal
+    if served.registry.single:  # with several models, one that fails leaves the others serving
+        served.engine.on_fatal = on_fatal
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)

@@ -30,6 +30,12 @@ class Config:
 
     model: str | None = None
     served_model_name: list[str] = field(default_factory=list)
+    # -- many models (server.many): --models FILE, --model NAME=SOURCE, --adapter, --pin --
+    models_file: str | None = None
+    named_models: list[str] = field(default_factory=list)  # each `--model NAME=SOURCE`
+    adapters: list[str] = field(default_factory=list)  # each `--adapter NAME=PATH`
+    pin: list[str] = field(default_factory=list)
+    idle_unload_s: float = 0.0  # 0: never
     adapter_path: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
@@ -112,6 +118,20 @@ def _origins(text: str) -> list[str]:
     return [o.strip() for o in text.split(",") if o.strip()]
 
 
+class ModelFlag(argparse.Action):
+    """--model SOURCE (the one model) or --model NAME=SOURCE (one of several, repeatable)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        from server.models_file import is_named
+
+        if is_named(str(values)):
+            namespace.named_models = [*getattr(namespace, "named_models", []), str(values)]
+        else:
+            namespace.model = values
+
+
 def package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -133,7 +153,25 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--version", action="version", version=f"mlx-serve {package_version()}")
     a("--config", help="TOML file with any of these settings (flags win)")
-    a("--model", help="model folder, Hugging Face repo id, or .gguf file (default: SmolLM2-135M-Instruct)")
+    a(
+        "--model",
+        action=ModelFlag,
+        help="model folder, Hugging Face repo id, or .gguf file (default: SmolLM2-135M-Instruct); "
+        "repeat as --model NAME=SOURCE to serve several models by name (docs/many-models.md)",
+    )
+    a("--models", dest="models_file", help="TOML file of models to serve by name (docs/many-models.md)")
+    a(
+        "--adapter",
+        action="append",
+        dest="adapters",
+        help="NAME=PATH: a LoRA adapter folder; `model: BASE:NAME` serves BASE with it (repeatable)",
+    )
+    a("--pin", action="append", help="NAME: a model never unloaded (repeatable)")
+    a(
+        "--idle-unload-s",
+        type=float,
+        help="with several models: unload a model after this many seconds without requests (0: never)",
+    )
     a(
         "--served-model-name",
         action="append",
@@ -365,8 +403,30 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
             f"--tool-call-parser {cfg.tool_call_parser!r} is not one of {', '.join(tool_call_parsers())}"
         )
     _check_deploy(cfg, parser)
+    _check_many(cfg, parser)
     _check_shard(cfg, parser)
     _check_kv_bits(cfg, parser)
+
+
+def _check_many(cfg: Config, parser: argparse.ArgumentParser) -> None:
+    if cfg.idle_unload_s < 0:
+        parser.error("--idle-unload-s must be 0 (never) or more")
+    if not (cfg.models_file or cfg.named_models or cfg.adapters):
+        if cfg.pin:
+            parser.error("--pin names a model of --models or --model NAME=SOURCE")
+        return
+    if cfg.shard:
+        parser.error(
+            "--shard serves one model; it cannot be combined with several (--models, --model NAME=SOURCE)"
+        )
+    from server.models_file import ModelsFileError, all_entries
+
+    try:
+        all_entries(
+            cfg.models_file, cfg.model, cfg.served_model_name, cfg.named_models, cfg.adapters, cfg.pin
+        )
+    except ModelsFileError as exc:
+        parser.error(str(exc))
 
 
 def _check_kv_bits(cfg: Config, parser: argparse.ArgumentParser) -> None:
