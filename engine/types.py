@@ -166,6 +166,19 @@ Delta = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta
 Event = Delta | Finished
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A request's row has begun: how much of its prompt the prefix cache served, and why not
+    more. A note for the server's own account (access log, trace) of a request its client may
+    leave before it finishes; the consumer's stream keeps it and never yields it."""
+
+    cached_tokens: int
+    cache_miss: CacheMiss | None = None
+
+
+Emitted = Event | Admitted  # what the engine emits for a request
+
+
 @dataclass(slots=True)
 class Counters:
     """Engine-side facts tests and /stats can observe."""

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from engine.errors import EngineUnavailable, ServeError
-from engine.types import EngineTimings, Finished, Usage
+from engine.types import Admitted, EngineTimings, Finished, Usage
 from protocols.contract import ASGIApp, Message, Receive, Scope, Send
 from server.connections import OncePerInterval
 from server.metrics import ChoiceDone, Metrics, RequestDone
@@ -86,6 +86,9 @@ class RequestRecord:
     fields: tuple[tuple[str, str], ...] = ()  # the protocol's own logfmt fields (protocols.contract.Job)
     cache_miss: str = ""  # why the prefix cache served no more of the prompt (engine.types.CacheMiss)
     probe: bool = False  # a health/metrics probe: DEBUG line, no trace line
+    # The engine's notes at admission, by choice (engine.types.Admitted; the stream fills it):
+    # what the prefix cache served a request that ends before its Finished does.
+    admitted: dict[int, Admitted] = field(default_factory=dict)
 
     def track(self, stream: Any) -> TrackedStream:
         """Wrap the engine's stream for this request (refused while the server shuts down)."""
@@ -95,6 +98,7 @@ class RequestRecord:
         self.submitted = time.perf_counter()
         self.id = stream.request.id
         self.prompt_tokens = len(stream.request.prompt_tokens)
+        self.admitted = getattr(stream, "admitted", self.admitted)
         return TrackedStream(stream, self)
 
     def event(self, index: int, ev: Any) -> None:
@@ -105,6 +109,12 @@ class RequestRecord:
                 self.cache_miss = ev.usage.cache_miss.value
         else:
             choice.delta(time.perf_counter())
+
+    def miss(self) -> str:
+        """Why the prefix cache served no more of the prompt: from the Finished usage, else
+        from the admission note of a request that ended before it."""
+        noted = (a.cache_miss.value for a in self.admitted.values() if a.cache_miss is not None)
+        return self.cache_miss or next(noted, "")
 
     def refused(self, exc: ServeError) -> None:
         kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
@@ -124,7 +134,9 @@ class RequestRecord:
         choices = tuple(c.done(self.arrived, outcome) for _, c in sorted(self.choices.items()))
         if self.submitted is not None and not choices:
             choices = (ChoiceTimes().done(self.arrived, outcome),)
-        cached = max((c.usage.cached_tokens for c in self.choices.values() if c.usage), default=0)
+        # a choice that ended before its Finished (the client left) still has its admission note
+        finished = [c.usage.cached_tokens for c in self.choices.values() if c.usage]
+        cached = max(finished + [a.cached_tokens for a in self.admitted.values()], default=0)
         return RequestDone(
             self.route,
             method_label(self.method),
@@ -302,7 +314,7 @@ def log_line(record: RequestRecord, done: RequestDone) -> str:
         f"finish={outcome_of(done)} prompt_tokens={done.prompt_tokens} completion_tokens={completion} "
         f"cached_tokens={done.cached_tokens} ttft_ms={ttft} duration_ms={done.duration_s * 1000:.1f} "
         f"client={record.client or '-'}"
-        + (f" cache_miss={record.cache_miss}" if record.cache_miss else "")
+        + (f" cache_miss={miss}" if (miss := record.miss()) else "")
         + "".join(f" {k}={v}" for k, v in record.fields)
         + (f" error={record.refusal}" if record.refusal else "")
     )

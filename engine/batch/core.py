@@ -45,12 +45,14 @@ class Core(RequestLifecycle):
     prefix_room: Callable[[int], None] | None = None
     on_stop: Callable[[], None] | None = None  # when serve returns: the prefix cache's last disk writes
     _last_step = 0.0
+    _flush_events: Callable[[], None] | None = None
 
     def serve(
         self, inbox: queue.SimpleQueue[Ticket | None], flush: Callable[[], None] = lambda: None
     ) -> None:
         """Loop until None arrives; `flush` runs after every step (to batch event delivery)."""
         self._last_step = time.monotonic()
+        self._flush_events = flush
         while True:
             flush()
             block = not self.scheduler.has_work
@@ -121,6 +123,8 @@ class Core(RequestLifecycle):
         self._fit_prefix_cache()  # rows admitted now: their room is theirs
         for seq_id in plan.admitted:
             self._start_guarded(seq_id, started)
+        if plan.admitted and self._flush_events is not None:
+            self._flush_events()  # their Admitted notes reach the server before a long prefill step
         live = tuple(c for c in plan.prefill if c.seq_id in self.texts)
         if len(live) != len(plan.prefill):
             plan = replace(plan, prefill=live)  # a row that failed to start takes no step

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engine.errors import ServeError
-from engine.types import EngineTimings, Event, Request
+from engine.types import Emitted, EngineTimings, Request
 
 if TYPE_CHECKING:
     from engine.batch.prefix_cache import Found
@@ -76,7 +76,7 @@ class Ticket:
     """A submitted request and the way back to its consumer."""
 
     request: Request
-    emit: Callable[[Event | ServeError], None]
+    emit: Callable[[Emitted | ServeError], None]
     aborted: threading.Event = field(default_factory=threading.Event)
     # Admitted to a row (running, not waiting): set on the step loop, read by a stats answer
     # given off it (engine.host.process_child), so the counts are live during a long step.

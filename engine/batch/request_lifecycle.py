@@ -21,7 +21,7 @@ from engine.text.reasoning import reasoning_splitter
 from engine.text.stops import StopMatcher
 from engine.tools.formats import HERMES, tool_format_for
 from engine.tools.splitter import ToolCallSplitter
-from engine.types import CacheMiss, Counters, Request
+from engine.types import Admitted, CacheMiss, Counters, Request
 
 if TYPE_CHECKING:  # no MLX here either: the runner holds it
     from engine.batch.prefix_cache import Found
@@ -142,7 +142,8 @@ class RequestLifecycle:
     def _start(self, seq_id: str, now: float) -> None:
         if (clock := self.clocks.get(seq_id)) is not None:
             clock.admitted = now
-        if (ticket := self.tickets.get(seq_id)) is not None:
+        ticket = self.tickets.get(seq_id)
+        if ticket is not None:
             ticket.started = True
         seq = self.scheduler.get(seq_id)
         assert seq is not None
@@ -156,6 +157,8 @@ class RequestLifecycle:
         if found is not None:
             self._cache_notes[seq_id] = (found.from_disk, found.miss)
             self.counters.prompt_tokens_from_disk += found.from_disk
+        if ticket is not None:  # the server's account of a request its client may leave early
+            ticket.emit(Admitted(seq.num_cached, found.miss if found is not None else None))
         fmt = HERMES if request.forced_tool_calls else self.tool_format
         splitter = ToolCallSplitter(fmt, request.tools) if request.tools else None
         # A grammar shapes the answer from its first token: there is no reasoning to split off.

@@ -26,7 +26,7 @@ from engine.batch.core_parts import Ticket
 from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
 from engine.host.grammar_check import GrammarChecks
 from engine.model.tokenizer import ChatTokenizer
-from engine.types import EmbedInput, Event, Finished, Request
+from engine.types import Admitted, EmbedInput, Emitted, Event, Finished, Request
 
 CANCELLED = object()
 
@@ -97,14 +97,18 @@ class RequestStream:
         self._on_close = on_close
         self.warnings = list(warnings)
         self.done = False
+        self.admitted: dict[int, Admitted] = {}  # by choice: what the prefix cache served it
 
     @property
     def request(self) -> Request:
         return self.tickets[0].request
 
-    def push(self, request_id: str, ev: Event | ServeError) -> None:
-        """Deliver an event from the loop's own thread."""
+    def push(self, request_id: str, ev: Emitted | ServeError) -> None:
+        """Deliver an event from the loop's own thread (an Admitted note is kept, not queued)."""
         i = self.index_of[request_id]
+        if isinstance(ev, Admitted):
+            self.admitted[i] = ev
+            return
         self._events.put_nowait((i, ev))
         if isinstance(ev, (Finished, ServeError)):
             self.tickets[i].aborted.set()  # nothing more will come: a later cancel sends nothing

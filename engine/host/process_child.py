@@ -18,7 +18,7 @@ from engine.errors import ServeError
 from engine.host.frames import FrameWriter
 from engine.host.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
 from engine.host.settings import LOG_FORMAT
-from engine.types import Counters, Event, Finished
+from engine.types import Counters, Emitted, Finished
 
 
 def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...], log_level: int = logging.INFO) -> None:
@@ -32,7 +32,7 @@ def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...], log_level: i
         FrameWriter(conn.fileno()).send(LoadFailed(f"cannot load the model: {type(exc).__name__}: {exc}"))
         return
     inbox: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
-    outbox: list[tuple[str, Event | ServeError]] = []
+    outbox: list[tuple[str, Emitted | ServeError]] = []
     tickets: dict[str, Ticket] = {}
     send = FrameWriter(conn.fileno()).send
 
@@ -43,7 +43,7 @@ def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...], log_level: i
             send(Events(items))
 
     def emitter(rid: str) -> Any:
-        def emit(ev: Event | ServeError) -> None:
+        def emit(ev: Emitted | ServeError) -> None:
             outbox.append((rid, ev))
             if isinstance(ev, (Finished, ServeError)):
                 tickets.pop(rid, None)

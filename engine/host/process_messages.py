@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ServeError
-from engine.types import Event, Request, TextDelta
+from engine.types import Emitted, Request, TextDelta
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Events:
-    items: list[tuple[str, Event | ServeError]]
+    items: list[tuple[str, Emitted | ServeError]]
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled with each text event as its plain fields: the child sends one of these a step

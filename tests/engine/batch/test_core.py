@@ -17,7 +17,9 @@ from engine.batch.core_parts import Ticket
 from engine.batch.scheduler import Scheduler, SchedulerConfig
 from engine.errors import EngineFailed, ServeError
 from engine.types import (
+    Admitted,
     Counters,
+    Emitted,
     EngineTimings,
     Event,
     Finished,
@@ -37,15 +39,18 @@ class Client:
     """One ticket's consumer: everything the core emits for it, in order."""
 
     request: Request
-    events: queue.Queue[Event | ServeError] = field(default_factory=queue.Queue)
+    events: queue.Queue[Emitted | ServeError] = field(default_factory=queue.Queue)
     ticket: Ticket = field(init=False)
     timings: EngineTimings | None = None
+    admitted: list[Admitted] = field(default_factory=list)  # the server's notes, apart
 
     def __post_init__(self) -> None:
         self.ticket = Ticket(self.request, self.events.put)
 
     def next(self) -> Event | ServeError:
-        return self.events.get(timeout=TIMEOUT_S)
+        while isinstance(ev := self.events.get(timeout=TIMEOUT_S), Admitted):
+            self.admitted.append(ev)
+        return ev
 
     def until_end(self) -> tuple[str, Finished | ServeError]:
         text = ""
@@ -114,6 +119,7 @@ def test_core_streams_pieces_then_finishes_on_eos() -> None:
         wait_until(lambda: idle(h))
     assert text == "Hello!"
     assert end == Finished(FinishReason.STOP, Usage(3, 4, 0))  # three pieces, then EOS
+    assert client.admitted == [Admitted(0)]  # the server's note at admission: nothing cached
     t = client.timings  # the trace's engine phases: admission wait, one prefill chunk, first token
     assert t is not None and len(t.prefill_chunks) == 1 and t.prefill_chunks[0][0] == 3
     assert t.first_token_s is not None and 0 <= t.admitted_s <= t.first_token_s <= t.finished_s
