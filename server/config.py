@@ -419,6 +419,10 @@ def _check_many(cfg: Config, parser: argparse.ArgumentParser) -> None:
         parser.error(
             "--shard serves one model; it cannot be combined with several (--models, --model NAME=SOURCE)"
         )
+    if cfg.served_model_name and cfg.model is None:
+        parser.error(
+            "--served-model-name names the plain --model; with several models give `aliases` in --models"
+        )
     from server.models_file import ModelsFileError, all_entries
 
     try:

@@ -51,7 +51,7 @@ def model_path(source: str | None) -> Path | None:
     """The file or folder a source names when it is here already (None: fetched at load)."""
     from engine.model.loader import SHORTCUTS, cache_root, default_gguf
 
-    if source is None or source.lower() in ("default", "smollm2"):
+    if source is None:
         return default_gguf()
     if source.lower() in SHORTCUTS:
         return cache_root() / "models" / SHORTCUTS[source.lower()].gguf.file_name

@@ -203,6 +203,7 @@ class ModelRoutes:
                     "id": slot.name, "object": "model", "owned_by": "mlx-serve", "created": self.app.created,
                     "aliases": list(e.aliases), "source": e.source, "context_length": context,
                     "status": {"value": slot.state, "error": slot.engine.error if slot.engine else None},
+                    "pid": getattr(slot.engine, "pid", None) or None,  # its engine process
                     **extra,
                 }
             )  # fmt: skip

@@ -36,6 +36,10 @@ OLLAMA_TAG = ":latest"
 GIB = 2**30
 
 
+class NoRoom(EngineUnavailable):
+    """The loaded models are busy, pinned or still loading: no room for this one now."""
+
+
 class ModelDoesNotFit(ServeError):
     """The model needs more memory than the budget holds (or than loaded busy models leave)."""
 
@@ -187,8 +191,16 @@ class Registry:
     async def ensure(self, slot: Slot) -> EngineClient:
         """The slot's engine, ready: loaded first (room made) when it is not."""
         engine = slot.engine
-        if engine is None or engine.state in (EngineState.STOPPED, EngineState.FAILED) and not self.single:
-            engine = self.load(slot)
+        while engine is None or engine.state in (EngineState.STOPPED, EngineState.FAILED) and not self.single:
+            try:
+                engine = self.load(slot)
+            except NoRoom:
+                loading = [s.engine for s in self.slots.values() if s.state == "loading" and s.engine]
+                if not loading:
+                    raise
+                # a model still loading may be unloaded once it is ready and idle: wait, try again
+                await asyncio.wait([asyncio.ensure_future(_settled(e)) for e in loading])
+                engine = slot.engine
         if engine.state is not EngineState.READY:
             await engine.wait_ready()
         return engine
@@ -258,7 +270,7 @@ class Registry:
         chosen = evictions(residents, self.free(), max(need, 1))
         if chosen is None:
             busy = [s.name for s in self.slots.values() if s.engine is not None]
-            raise EngineUnavailable(
+            raise NoRoom(
                 f"model '{slot.name}' needs about {need / GIB:.2f} GiB and {self.free() / GIB:.2f} GiB "
                 f"is free: the loaded models ({', '.join(busy)}) are busy or pinned; try again shortly",
                 param="model",
@@ -334,6 +346,12 @@ class Registry:
         event = {"model": slot.name, "status": status, **extra}
         for queue in self.watchers:
             queue.put_nowait(event)
+
+
+async def _settled(engine: EngineClient) -> None:
+    """The engine has loaded, or failed to."""
+    with contextlib.suppress(ServeError):
+        await engine.wait_ready()
 
 
 class Unloaded:

@@ -28,7 +28,7 @@ adapters = { sql = "/adapters/sql" }
 
 [[models]]
 name = "small"
-source = "smollm2"
+source = "qwen2.5-coder-0.5b"
 """
 
 
@@ -45,7 +45,7 @@ def test_models_file_reads_every_field(tmp_path: Path) -> None:
         tool_call_parser="hermes", max_context=4096, decode_concurrency=4, idle_unload_s=600,
         pinned=True, adapters=(("sql", "/adapters/sql"),),
     )  # fmt: skip
-    assert small == ModelEntry(name="small", source="smollm2")
+    assert small == ModelEntry(name="small", source="qwen2.5-coder-0.5b")
 
 
 @pytest.mark.parametrize(
@@ -111,12 +111,12 @@ def test_an_entry_overrides_the_servers_settings() -> None:
 
 def test_names_resolve_to_their_model() -> None:
     coder = Slot(ModelEntry(name="coder", source="/m/coder", aliases=("claude-*", "qwen")))
-    small = Slot(ModelEntry(name="small", source="smollm2"))
+    small = Slot(ModelEntry(name="small", source="qwen2.5-coder-0.5b"))
     registry = Registry([coder, small], make_engine=lambda e, b: None)  # type: ignore[arg-type,return-value]
     assert registry.resolve(None) is coder and registry.resolve("default") is coder
     assert registry.resolve("qwen") is coder and registry.resolve("claude-sonnet-4-5") is coder
     assert registry.resolve("small") is small and registry.resolve("small:latest") is small
-    assert registry.resolve("smollm2") is small  # its source, as given
+    assert registry.resolve("qwen2.5-coder-0.5b") is small  # its source, as given
     assert registry.resolve("gpt-4") is None
     assert "coder, small" in registry.refusal("gpt-4")
 
