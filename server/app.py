@@ -13,7 +13,7 @@ from typing import TypeVar
 import msgspec
 import orjson
 
-from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
+from engine.errors import EngineUnavailable, InvalidRequest
 from engine.host.client import EngineClient
 from engine.model.loader import served_id
 from engine.types import Request
@@ -37,9 +37,7 @@ from protocols.contract import (
     EventStream,
     Handler,
     Job,
-    MethodNotAllowed,
     ModelNotFound,
-    NotFound,
     ProtocolContext,
     Receive,
     Route,
@@ -47,9 +45,9 @@ from protocols.contract import (
     Send,
     WireFormat,
 )
-from server.body import AmbiguousFraming, check_framing, read_body
+from server.body import read_body
 from server.config import Config
-from server.connections import OVER_CAPACITY, ConnectionLimit
+from server.dispatch import OPENAI_ERRORS, dispatch
 from server.metrics import Metrics
 from server.model_context import NamedModel, engine_of, named, protocol_context
 from server.model_routes import ModelRoutes
@@ -58,16 +56,14 @@ from server.observe import record_of
 from server.page import Page
 from server.recent import RecentRequests
 from server.registry import Registry, Slot
-from server.request_parts import betas, choices, nesting_bounded, principal, without_body
+from server.request_parts import betas, choices, nesting_bounded, principal
 from server.responses_socket import ResponsesSocket
-from server.routes import Fit, RouteTable
+from server.routes import RouteTable
 from server.writer import collect, header_value, send_json, stream_sse, warning_headers
 
 log = logging.getLogger("mlx_serve.http")
 T = TypeVar("T")
-OPENAI_ERRORS: ErrorFormat = openai_chat.FORMAT
 ANTHROPIC_ERRORS: ErrorFormat = anthropic_messages.FORMAT
-RETRY_AFTER_LOADING_S = 5
 # How each format spells the engine fields it names differently (for validation's 400s).
 CHAT_NAMES = {"prompt_tokens": "messages", "logprobs": "top_logprobs"}
 COMPLETION_NAMES = {"prompt_tokens": "prompt"}
@@ -184,41 +180,7 @@ class App:
         await send({"type": "websocket.close", "code": 1008})
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = self.table.match_scope(scope)
-        errors = match.errors or OPENAI_ERRORS
-        if scope["method"] == "HEAD":
-            send = without_body(send)
-        try:
-            check_framing(scope)
-            if scope.get(OVER_CAPACITY) and not (match.route is not None and match.route.probe):
-                raise ConnectionLimit("the server is at its connection limit; retry shortly")
-            if match.fit is Fit.FULL:
-                assert match.route is not None
-                scope["path_params"] = match.params
-                await match.route.handler(scope, receive, send)
-            elif match.fit is Fit.PARTIAL:
-                allow = ", ".join(match.allowed)
-                raise MethodNotAllowed(
-                    f"{scope['method']} is not allowed on {scope['path']} (allowed: {allow})"
-                )
-            else:
-                raise NotFound(f"no route for {scope['method']} {scope['path']}")
-        except ServeError as exc:
-            record_of(scope).refused(exc)
-            extra = [(b"allow", ", ".join(match.allowed).encode())] if match.fit is Fit.PARTIAL else []
-            await self.error(send, errors, exc, extra)
-
-    async def error(
-        self, send: Send, fmt: ErrorFormat, exc: ServeError, extra: list[tuple[bytes, bytes]] | None = None
-    ) -> None:
-        headers = list(extra or [])
-        if isinstance(exc, QueueFull | ConnectionLimit):
-            headers.append((b"retry-after", str(exc.retry_after_s).encode()))
-        elif isinstance(exc, EngineUnavailable):
-            headers.append((b"retry-after", str(RETRY_AFTER_LOADING_S).encode()))
-        elif isinstance(exc, AmbiguousFraming):
-            headers.append((b"connection", b"close"))  # where this body ends is unknowable
-        await send_json(send, exc.status, fmt.error_body(exc), headers)
+        await dispatch(self.table, scope, receive, send)
 
     # -- plain routes -------------------------------------------------------------------
 
@@ -316,7 +278,7 @@ class App:
             return self.context(scope, slot)
         return ProtocolContext(
             model.model_id if self.registry.single else slot.name, model.tokenizer, Defaults(), self.created, model.context_length,
-            dimensions=model.dimensions,
+            dimensions=model.dimensions, facts=model.facts,
         )  # fmt: skip
 
     def embedding(self, fmt: ollama_embed.OllamaEmbed) -> Handler:

@@ -21,11 +21,10 @@ from protocols.contract import ErrorFormat, ModelNotFound, Receive, Route, Scope
 from protocols.ollama_facts import NEVER, tagged
 from protocols.ollama_render import created_at
 from server.config import Config
+from server.dispatch import RETRY_AFTER_LOADING_S
 from server.names import ServedNames
 from server.registry import Registry, Slot
 from server.writer import send_json
-
-RETRY_AFTER_LOADING_S = 5
 
 
 class ModelBusy(ServeError):
