@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from engine.errors import ServeError
+from engine.model.facts import ModelFacts
 from engine.model.tokenizer import ChatTokenizer
 from engine.types import (
     Delta,
@@ -97,6 +98,8 @@ class ProtocolContext:
     accepts: Callable[[str], bool] | None = None
     # An embedding model's vector size (it serves embeddings only); None: a generation model.
     dimensions: int | None = None
+    # Its size on disk and in memory, parameters and quantization (Ollama's listings); None: unknown.
+    facts: ModelFacts | None = None
     # Claude Code's `x-anthropic-billing-header` system block reaches the prompt (--keep-billing-header).
     keep_billing_header: bool = False
     # The `anthropic-beta` header's names (a beta a body cannot name: cache-diagnosis-2026-04-07).

@@ -4,8 +4,12 @@ GET /api/ps and GET /api/version.
 Each is a whole answer from the request body and the protocol context, `(status, body)`, with
 errors in Ollama's shape. A name without a tag is listed as `name:latest` (how Ollama spells
 it) and `:latest` is accepted on any name. This server loads its model once and keeps it, so
-/api/ps lists it with no expiry; facts it does not know (file size, digest of the weights) are
-zero or a digest of the name.
+/api/ps lists it with no expiry. Sizes are the engine's (engine.model.facts): `size` in
+/api/tags the weights' files on disk, in /api/ps the memory the model holds (weights plus one
+full context's KV), `size_vram` that same memory when it is a GPU's (Metal, CUDA) and 0 on a
+CPU; `parameter_size` and `quantization_level` as Ollama writes them ("134.52M", "Q4_1",
+"BF16"; MLX's n-bit weights "Q4"). A fact it does not know is 0 or "", the digest is the
+name's.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import orjson
 from msgspec import Struct
 
 from engine.errors import InvalidRequest, ServeError
+from engine.model.facts import ModelFacts
 from protocols import openai_common as common
 from protocols.contract import NotFound, ProtocolContext
 from protocols.ollama_render import created_at, error_body
@@ -42,25 +47,25 @@ def tagged(name: str) -> str:
     return name if ":" in name.rsplit("/", 1)[-1] else name + LATEST
 
 
-def _details() -> dict[str, Any]:
+def _details(facts: ModelFacts | None = None) -> dict[str, Any]:
     return {
         "parent_model": "",
         "format": "mlx",
         "family": ARCHITECTURE,
         "families": [ARCHITECTURE],
-        "parameter_size": "",
-        "quantization_level": "",
+        "parameter_size": facts.parameter_size if facts is not None else "",
+        "quantization_level": facts.quantization if facts is not None else "",
     }
 
 
-def _entry(name: str) -> dict[str, Any]:
+def _entry(name: str, facts: ModelFacts | None = None) -> dict[str, Any]:
     return {
         "name": tagged(name),
         "model": tagged(name),
         "modified_at": created_at(),
-        "size": 0,
+        "size": facts.file_bytes if facts is not None else 0,
         "digest": hashlib.sha256(name.encode()).hexdigest(),
-        "details": _details(),
+        "details": _details(facts),
     }
 
 
@@ -70,15 +75,18 @@ def _names(ctx: ProtocolContext) -> list[str]:
 
 def tags(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
     """GET /api/tags: every name the model is served under."""
-    return 200, orjson.dumps({"models": [_entry(n) for n in _names(ctx)]})
+    return 200, orjson.dumps({"models": [_entry(n, ctx.facts) for n in _names(ctx)]})
 
 
 def ps(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
     """GET /api/ps: the loaded model, kept for as long as the server runs."""
+    facts = ctx.facts
+    memory = facts.memory_bytes if facts is not None else 0
     loaded = {
-        **_entry(ctx.model_id),
+        **_entry(ctx.model_id, facts),
+        "size": memory,
         "expires_at": NEVER,
-        "size_vram": 0,
+        "size_vram": memory if facts is not None and facts.on_gpu else 0,
         "context_length": ctx.context_length,
     }
     return 200, orjson.dumps({"models": [loaded]})
@@ -107,6 +115,8 @@ def show(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
         "general.basename": ctx.model_id,
         f"{ARCHITECTURE}.context_length": ctx.context_length,
     }
+    if ctx.facts is not None:
+        info["general.parameter_count"] = ctx.facts.parameters
     if ctx.dimensions is None:
         info[f"{ARCHITECTURE}.vocab_size"] = ctx.tokenizer.vocab_size
     else:  # an encoder's tokenizer is not mlx-lm's: its size is not asked of it
@@ -116,7 +126,7 @@ def show(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
         "modelfile": f"# served by mlx-serve\nFROM {ctx.model_id}\n",
         "parameters": "",
         "template": template,
-        "details": _details(),
+        "details": _details(ctx.facts),
         "model_info": info,
         "capabilities": capabilities,
         "modified_at": created_at(),

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import TypeVar
 
 import msgspec
@@ -48,6 +49,7 @@ from protocols.contract import (
 from server.body import read_body
 from server.config import Config
 from server.dispatch import OPENAI_ERRORS, dispatch
+from server.load_wait import stream_after_load, streams
 from server.metrics import Metrics
 from server.model_context import NamedModel, engine_of, named, protocol_context
 from server.model_routes import ModelRoutes
@@ -320,8 +322,22 @@ class App:
         self, fmt: WireFormat, names: Mapping[str, str], scope: Scope, receive: Receive, send: Send
     ) -> None:
         body = await self.read_body(scope, receive)
+        slot = self._loading_for_stream(fmt, body)
+        if slot is not None:  # its head and heartbeats go out while the model loads
+            errors = self.table.match_scope(scope).errors or OPENAI_ERRORS
+            answer = partial(self._generate_on, slot, fmt, names, body, scope, receive)
+            await stream_after_load(self.registry, slot, send, errors, self.config.heartbeat_s, answer)
+            return
         async with self.model_for(body) as slot:
             await self._generate_on(slot, fmt, names, body, scope, receive, send)
+
+    def _loading_for_stream(self, fmt: WireFormat, body: bytes) -> Slot | None:
+        """A streaming SSE request's model when it is not loaded (Ollama streams NDJSON: no
+        comment lines to keep it alive, so it waits as a plain request does)."""
+        if self.registry.single or fmt in (ollama.CHAT, ollama.GENERATE) or not streams(body):
+            return None
+        slot = self.registry.resolve(named(body))
+        return slot if slot is not None and slot.state != "loaded" else None
 
     async def _generate_on(
         self, slot: Slot, fmt: WireFormat, names: Mapping[str, str], body: bytes, scope: Scope,

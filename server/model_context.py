@@ -35,7 +35,7 @@ def protocol_context(config: Config, slot: Slot, created: int, use_model_id: boo
     model_id = model.model_id if use_model_id else slot.name
     slot.ctx = ProtocolContext(
         model_id, model.tokenizer, defaults, created, model.context_length,
-        keep_billing_header=c.keep_billing_header,
+        keep_billing_header=c.keep_billing_header, facts=model.facts,
     )  # fmt: skip
     slot.limits = Limits(model.tokenizer.vocab_size, model.context_length)
 

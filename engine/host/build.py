@@ -5,6 +5,7 @@ hosted in a thread or a child process; the core inside is assembled by engine.ho
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -12,6 +13,7 @@ from engine.batch.core import Core
 from engine.host.assemble import describe, load_draft, make_core
 from engine.host.client import EngineClient
 from engine.host.settings import EngineSettings, ModelSource
+from engine.model.facts import model_facts
 from engine.model.loader import LoadedModel, ModelSpec, load_model
 from engine.types import Counters
 
@@ -108,4 +110,7 @@ def load_and_build(
         else None
     )
     core = make_core(loaded, counters, settings, draft)
-    return core, {"model_id": loaded.model_id, "memory_plan": core.memory_plan}
+    facts = model_facts(loaded.path)
+    if facts is not None:
+        facts = replace(facts, on_gpu=mx.default_device().type == mx.DeviceType.gpu)
+    return core, {"model_id": loaded.model_id, "memory_plan": core.memory_plan, "facts": facts}

@@ -25,6 +25,7 @@ from engine.batch.admission import MemoryPlan, admit
 from engine.batch.core_parts import Ticket
 from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
 from engine.host.grammar_check import GrammarChecks
+from engine.model.facts import ModelFacts
 from engine.model.tokenizer import ChatTokenizer
 from engine.types import Admitted, EmbedInput, Emitted, Event, Finished, Request
 
@@ -165,6 +166,7 @@ class ModelInfo:
     tokenizer: ChatTokenizer
     context_length: int | None = None  # the longest context a request may use (memory plan)
     dimensions: int | None = None  # an embedding model's vector size; None: a generation model
+    facts: ModelFacts | None = None  # size, parameters, quantization (model listings); None: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,9 +267,21 @@ class EngineClient(abc.ABC):
             self._grammars = GrammarChecks(self.model.tokenizer.wrapper)
         await self._grammars.check(grammars)
 
-    def _loaded(self, model_id: str, tokenizer: Any, plan: MemoryPlan | None, span: int) -> None:
+    def _loaded(
+        self,
+        model_id: str,
+        tokenizer: Any,
+        plan: MemoryPlan | None,
+        span: int,
+        facts: ModelFacts | None = None,
+    ) -> None:
         """Record what was loaded: the facts for the protocols and the plan for admission.
-        `span` is tokenizer.spelling_span(tokenizer), read where the tokenizer was loaded."""
+        `span` is tokenizer.spelling_span(tokenizer), read where the tokenizer was loaded;
+        `facts` what the model's files say (engine.model.facts), its memory added here."""
         self.gate.size(plan)
         context = plan.context_limit if plan is not None else None
-        self.model = ModelInfo(model_id, ChatTokenizer(tokenizer, context, span), context)
+        if facts is not None and plan is not None:
+            facts = replace(
+                facts, memory_bytes=plan.weights_bytes + plan.context_limit * plan.kv_bytes_per_token
+            )
+        self.model = ModelInfo(model_id, ChatTokenizer(tokenizer, context, span), context, facts=facts)

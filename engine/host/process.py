@@ -98,7 +98,10 @@ class ProcessEngine(ProcessWatchdog, EngineClient):
         if self._tokenizer is None or self._ready_info is None or self.state is EngineState.FAILED:
             return
         assert self._plan is not None
-        self._loaded(self._plan.model_id, self._tokenizer, self._ready_info.get("memory_plan"), self._span)
+        info = self._ready_info
+        self._loaded(
+            self._plan.model_id, self._tokenizer, info.get("memory_plan"), self._span, info.get("facts")
+        )
         self.state, self.error = EngineState.READY, None
 
     def _load_failed(self, error: str) -> None:

@@ -96,7 +96,9 @@ def test_format_schema_is_enforced(client: ollama.Client) -> None:
     assert isinstance(json.loads(as_json.response or ""), dict)
 
 
-def test_tags_show_ps_and_version(client: ollama.Client, smollm_server: ServerProcess) -> None:
+def test_tags_show_ps_and_version(
+    client: ollama.Client, smollm_server: ServerProcess, smollm_path: Path
+) -> None:
     names = [m.model for m in client.list().models]
     assert "m:latest" in names and names[0].endswith(":latest")
     shown = client.show("m")
@@ -105,6 +107,15 @@ def test_tags_show_ps_and_version(client: ollama.Client, smollm_server: ServerPr
     assert shown.modelinfo and shown.modelinfo["mlx.context_length"] == 8192
     (loaded,) = client.ps().models
     assert loaded.context_length == 8192
+    # The numbers clients show: the files on disk, Ollama's own spelling of SmolLM2's 134,515,008
+    # parameters, its 4-bit MLX weights; in memory (this CPU serves float32) the weights and one
+    # 8,192-token context of float32 KV (30 layers × 3 KV heads × 64 dims × K and V), none of
+    # it a GPU's.
+    (listed,) = [m for m in client.list().models if m.model == "m:latest"]
+    assert listed.size == sum(f.stat().st_size for f in smollm_path.glob("*.safetensors"))
+    assert shown.details.parameter_size == listed.details.parameter_size == "134.52M"
+    assert shown.details.quantization_level == listed.details.quantization_level == "Q4"
+    assert loaded.size == 134_515_008 * 4 + 8192 * (30 * 3 * 64 * 2 * 4) and loaded.size_vram == 0
     assert httpx.get(smollm_server.url + "/api/version").json()["version"]
     metrics = httpx.get(smollm_server.url + "/metrics").text  # one series per route, as the table names it
     assert 'endpoint="/api/tags",method="GET",status="200"' in metrics
