@@ -5,6 +5,7 @@ model, never one with requests in flight or a pinned one, idle unload, and the a
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -36,20 +37,29 @@ def many(
     need: int = GIB,
     step_s: float = 0.0,
     idle_s: float = 0.0,
+    gate: threading.Event | None = None,
+    load_error: str | None = None,
 ) -> tuple[App, list[str]]:
-    """An app over fake engines, each answering its own model's name; `built` records loads."""
+    """An app over fake engines, each answering its own model's name; `built` records loads;
+    models after the first wait for `gate` to load, or fail with `load_error`."""
     built: list[str] = []
 
     def make(entry: ModelEntry, share: int | None) -> EngineClient:
+        later = bool(built)
         built.append(entry.name)
-        engine, _ = fake_engine([f"I am {entry.name}", "."], step_s=step_s)
+        engine, _ = fake_engine(
+            [f"I am {entry.name}", "."],
+            step_s=step_s,
+            load_gate=gate if later else None,
+            load_error=load_error if later else None,
+        )
         return engine
 
     def estimate(entry: ModelEntry) -> Need:
         return Need(need, 0, 0, 4096)
 
     registry = Registry([Slot(e) for e in entries], make, budget, estimate, idle_s)
-    return App(Config(), registry), built
+    return App(Config(heartbeat_s=0.05), registry), built
 
 
 def run(app: App, test: Callable[[App], Awaitable[None]]) -> None:
@@ -227,5 +237,39 @@ def test_admin_load_unload_and_progress_events() -> None:
         assert beta == ["unloaded", "loading", "ready", "unloaded"]
         missing = await call(app, "POST", "/models/load", b'{"model": "nope"}')
         assert missing.status == 404
+
+    run(app, test)
+
+
+def test_a_stream_waiting_for_its_model_gets_heartbeats_then_its_answer() -> None:
+    gate = threading.Event()
+    app, _ = many(TWO, gate=gate)
+
+    async def test(app: App) -> None:
+        await app.registry.ensure(app.registry.default)
+        answer = asyncio.create_task(call(app, "POST", "/v1/chat/completions", chat("beta", stream=True)))
+        await asyncio.sleep(0.4)
+        gate.set()
+        reply = await answer
+        assert reply.status == 200 and reply.body.startswith(b": loading the model\n\n: loading")
+        pieces = [orjson.loads(d) for d in reply.sse_data() if d != "[DONE]"]
+        assert "".join(p["choices"][0]["delta"].get("content") or "" for p in pieces) == "I am beta."
+        assert reply.sse_data()[-1] == "[DONE]"
+
+    run(app, test)
+
+
+def test_a_model_that_fails_to_load_is_an_error_event_on_a_stream_and_a_503_without() -> None:
+    app, _ = many(TWO, load_error="no weights here")
+
+    async def test(app: App) -> None:
+        await app.registry.ensure(app.registry.default)
+        reply = await call(app, "POST", "/v1/chat/completions", chat("beta", stream=True))
+        assert reply.status == 200 and b"event: error\ndata: " in reply.body
+        error = orjson.loads(reply.sse_data()[-1])["error"]
+        assert "no weights here" in error["message"]
+        plain = await call(app, "POST", "/v1/chat/completions", chat("beta"))
+        assert plain.status == 503 and "no weights here" in plain.json()["error"]["message"]
+        assert text(await call(app, "POST", "/v1/chat/completions", chat("alpha"))) == "I am alpha."
 
     run(app, test)

@@ -1,0 +1,85 @@
+"""A streaming request for a model that is not loaded yet: its SSE head goes out at once and a
+keep-alive comment every --heartbeat-s while the model loads (tens of seconds for a big one), so
+no client times out; the answer then follows in the same stream. A refusal found after the head
+(the model failed to load, or the request is invalid) is an SSE `error` event carrying the
+format's own error body, which the OpenAI and Anthropic SDKs raise as their API error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from engine.errors import ServeError
+from protocols.contract import ErrorFormat, Message, Send
+from server.dispatch import send_error
+from server.registry import Registry, Slot
+
+HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+class Streams(msgspec.Struct):
+    stream: Any = None
+
+
+def streams(body: bytes) -> bool:
+    try:
+        return msgspec.json.decode(body, type=Streams).stream is True
+    except msgspec.DecodeError:
+        return False
+
+
+class EarlyStream:
+    """The client's `send` once the head has gone: the handler's own head is dropped, and a
+    refusal's JSON body becomes an SSE error event."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._refusal = False
+
+    async def head(self) -> None:
+        await self._send({"type": "http.response.start", "status": 200, "headers": HEAD})
+
+    async def heartbeat(self) -> None:
+        await self._send(
+            {"type": "http.response.body", "body": b": loading the model\n\n", "more_body": True}
+        )
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._refusal = message["status"] != 200
+            return
+        if self._refusal and message["type"] == "http.response.body":
+            data = b"event: error\ndata: " + bytes(message.get("body", b"")) + b"\n\n"
+            message = {"type": "http.response.body", "body": data, "more_body": False}
+        await self._send(message)
+
+
+async def stream_after_load(
+    registry: Registry,
+    slot: Slot,
+    send: Send,
+    errors: ErrorFormat,
+    heartbeat_s: float,
+    answer: Callable[[Send], Awaitable[None]],
+) -> None:
+    """Load the slot's model with the stream's head and heartbeats going out meanwhile, then
+    `answer` on the same stream; the model is held from the load to the answer's end."""
+    early = EarlyStream(send)
+    async with registry.use(slot):
+        await early.head()
+        try:
+            loading = asyncio.ensure_future(registry.ensure(slot))
+            try:
+                while not loading.done():
+                    await asyncio.wait({loading}, timeout=heartbeat_s)
+                    if not loading.done():
+                        await early.heartbeat()
+            finally:
+                loading.cancel()
+            loading.result()
+            await answer(early)
+        except ServeError as exc:
+            await send_error(early, errors, exc)
