@@ -66,6 +66,9 @@ class Request:
     # and the tokens of a message forced before it when it is (engine.rows.thinking_budget).
     thinking_budget: int | None = None
     thinking_budget_message: tuple[int, ...] = ()
+    # False: the reasoning stays in the text, its markers too (a plain completion's text is the
+    # model's continuation as written: it has no reasoning channel).
+    split_reasoning: bool = True
 
 
 class CacheMiss(enum.Enum):

@@ -2,21 +2,29 @@
 
 The prompt is raw text, encoded as is, or token ids, taken as is after a vocabulary check; a
 list of them is several prompts in one call, batched, `n` choices each.
+
+A thinking model's completion is its continuation as written, reasoning and its markers
+included (this API has no reasoning channel), and the server's `--reasoning-budget` bounds it
+as it does a chat turn's (llama.cpp's `thinking_budget_tokens` / `thinking_budget_message` per
+request): past the budget the model's own end-of-thinking is forced into the text and the
+answer follows (protocols.reasoning).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import orjson
+from msgspec import Meta
 
 from engine.errors import InvalidRequest, ServeError
 from engine.model.tokenizer import ChatTokenizer
 from engine.types import Delta, Finished, TextDelta, TokenLogprob
 from protocols import openai_common as common
 from protocols import openai_render as render
+from protocols import reasoning
 from protocols.contract import Frames, Job, ProtocolContext, Result
 
 OBJECT = "text_completion"
@@ -30,6 +38,9 @@ class CompletionBody(common.OpenAIFields, frozen=True, kw_only=True):
     """The body of POST /v1/completions."""
 
     prompt: Prompt
+    # llama.cpp's per-request thinking budget (-1 unbounded, 0 no thinking) and its message.
+    thinking_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    thinking_budget_message: str | None = None
     # Answer-changing fields refused until supported.
     best_of: int | None = None
     echo: bool | None = None
@@ -51,8 +62,14 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
             f"{1 + len(rest)} prompts × n={req.n or 1} is over the {MAX_CHOICES} choices one call may ask",
             param="prompt",
         )
-    job = common.build_job(req, first, ctx, ID_PREFIX, logprobs=common.completion_logprobs(req))
-    return replace(job, prompts=tuple(map(tuple, rest)))
+    thinking = reasoning.thinking_budget(
+        ctx, req.thinking_budget_tokens, req.thinking_budget_message, "thinking_budget_tokens"
+    )
+    job = common.build_job(
+        req, first, ctx, ID_PREFIX, logprobs=common.completion_logprobs(req), thinking=thinking
+    )
+    request = replace(job.request, split_reasoning=False)  # the text is the continuation, whole
+    return replace(job, request=request, prompts=tuple(map(tuple, rest)))
 
 
 def _check_completion_supported(req: CompletionBody) -> None:

@@ -162,7 +162,8 @@ class RequestLifecycle:
         fmt = HERMES if request.forced_tool_calls else self.tool_format
         splitter = ToolCallSplitter(fmt, request.tools) if request.tools else None
         # A grammar shapes the answer from its first token: there is no reasoning to split off.
-        reasoning = None if request.grammar else reasoning_splitter(self.tokenizer, request.prompt_tokens)
+        split = request.split_reasoning and not request.grammar
+        reasoning = reasoning_splitter(self.tokenizer, request.prompt_tokens) if split else None
         self.texts[seq_id] = RowText(
             self.tokenizer.detokenizer, StopMatcher(request.stop), splitter, reasoning
         )

@@ -156,3 +156,26 @@ def test_a_budget_is_per_row_in_a_batch_and_streams_the_same(
         results = list(pool.map(streamed, [5, -1, 2, -1]))
     assert [r[0] for r in results] == [text(tokenizer, tokens[:n]) for n in (5, MAX_TOKENS, 2, MAX_TOKENS)]
     assert all(answer for _, answer in results[::2]) and not any(answer for _, answer in results[1::2])
+
+
+def test_a_plain_completion_runs_under_the_servers_budget_and_keeps_its_thinking_in_the_text(
+    server: ServerProcess, greedy: tuple[list[int], Any]
+) -> None:
+    """/v1/completions has no reasoning channel: the text is the continuation as the model wrote
+    it, thinking and markers included, and the server's budget (6) closes the thinking there as
+    it does on chat. Unbounded, it is mlx-lm's greedy text token for token."""
+    tokens, tokenizer = greedy
+    prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)  # leaves <think> open
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    bounded = client.completions.create(model="default", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+    thought = text(tokenizer, tokens[:6]) + tokenizer.think_end
+    assert bounded.choices[0].text.startswith(thought) and bounded.choices[0].text != thought
+    assert bounded.usage is not None and bounded.usage.completion_tokens == MAX_TOKENS
+    unbounded = client.completions.create(
+        model="default",
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"thinking_budget_tokens": -1},
+    )
+    assert unbounded.choices[0].text == text(tokenizer, tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -263,3 +264,28 @@ def test_parse_warns_when_the_servers_default_limit_applies(ctx: ProtocolContext
     limit = f"stops at the server's default of {ctx.defaults.max_tokens} tokens (--max-tokens)"
     assert [w for w in parse(ctx, prompt="hi").warnings if limit in w]
     assert not parse(ctx, prompt="hi", max_tokens=3).warnings
+
+
+def test_a_thinking_models_completion_runs_under_the_reasoning_budget_and_keeps_its_thinking(
+    ctx: ProtocolContext,
+) -> None:
+    """The server's --reasoning-budget bounds a plain completion as it does a chat turn, the
+    request's own field wins, and the text is the continuation whole (no reasoning split off:
+    this API has nowhere else to put it)."""
+    thinking = replace(
+        ctx,
+        tokenizer=replace(ctx.tokenizer, thinks=True),  # type: ignore[type-var]
+        defaults=replace(ctx.defaults, reasoning_budget=64, reasoning_budget_message="Enough."),
+    )
+    server = parse(thinking, prompt="<think>\n").request
+    assert (server.thinking_budget, server.split_reasoning) == (64, False)
+    assert server.thinking_budget_message == tuple(thinking.tokenizer.encode_continuation("Enough."))
+    asked = parse(thinking, prompt=["a", "b"], thinking_budget_tokens=3, thinking_budget_message="")
+    assert (asked.request.thinking_budget, asked.request.thinking_budget_message) == (3, ())
+    assert parse(thinking, prompt="x", thinking_budget_tokens=-1).request.thinking_budget is None
+    refused = parse_error(thinking, prompt="x", thinking_budget_tokens=-2)
+    assert refused.param == "thinking_budget_tokens"
+    plain = parse(ctx, prompt="x", thinking_budget_tokens=3)  # a model that does not think: told
+    assert plain.request.thinking_budget is None and any(
+        "`thinking_budget_tokens`" in w for w in plain.warnings
+    )
