@@ -100,6 +100,8 @@ class ProtocolContext:
     dimensions: int | None = None
     # Its size on disk and in memory, parameters and quantization (Ollama's listings); None: unknown.
     facts: ModelFacts | None = None
+    # The LoRA adapter folder the model is served with (--adapter-path, or a `base:NAME` model).
+    adapter: str | None = None
     # Claude Code's `x-anthropic-billing-header` system block reaches the prompt (--keep-billing-header).
     keep_billing_header: bool = False
     # The `anthropic-beta` header's names (a beta a body cannot name: cache-diagnosis-2026-04-07).

@@ -142,7 +142,7 @@ _DECODER = msgspec.json.Decoder(ChatCompletionBody)
 def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
     """Decode, validate and render one chat request into a Job; ServeError 400 on any fault."""
     req = common.decode(_DECODER, body)
-    common.check_supported(req)
+    common.check_supported(req, ctx)
     _check_chat_supported(req)
     messages = [_template_message(m, i) for i, m in enumerate(req.messages)]
     tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None

@@ -7,6 +7,7 @@ on the way out (the error envelope, the usage object, the stream's chunks) is pr
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from typing import Annotated, Any, Literal, TypeVar
@@ -144,19 +145,19 @@ def unsupported(param: str, what: str | None = None) -> InvalidRequest:
     return InvalidRequest(f"{what or f'`{param}`'} is not supported yet", param=param)
 
 
-def check_supported(fields: OpenAIFields) -> None:
+def check_supported(fields: OpenAIFields, ctx: ProtocolContext | None = None) -> None:
     """Refuse fields we accept in the schema but cannot honour yet."""
     if fields.structured_outputs is not None and fields.structured_outputs.structural_tag is not None:
         raise unsupported("structured_outputs.structural_tag")
     if fields.xtc_probability:
         raise unsupported("xtc_probability", "`xtc_probability` > 0")
-    _check_model_options(fields)
+    _check_model_options(fields, ctx.adapter if ctx is not None else None)
 
 
-def _check_model_options(fields: OpenAIFields) -> None:
+def _check_model_options(fields: OpenAIFields, adapter: str | None) -> None:
     # mlx_lm.server's per-request adapters and draft models; "default_model" means "the server's".
     if fields.adapters:
-        raise unsupported("adapters")
+        check_adapters(fields.adapters, adapter)
     if fields.draft_model not in (None, "default_model"):
         raise unsupported("draft_model")
     if fields.num_draft_tokens is not None and not 0 <= fields.num_draft_tokens <= MAX_DRAFT_TOKENS:
@@ -166,6 +167,33 @@ def _check_model_options(fields: OpenAIFields) -> None:
 
 
 MAX_DRAFT_TOKENS = 16
+
+HOW_TO_SERVE_ADAPTERS = (
+    "start the server with `--adapter-path DIR` to serve one adapter, or with `--adapter NAME=DIR` "
+    'and ask for `model: "BASE:NAME"` to serve several beside their base'
+)
+
+
+def check_adapters(requested: str, served: str | None) -> None:
+    """mlx_lm.server's `adapters` (an adapter folder): honoured when it is the folder this model
+    is served with, else refused by name (loading adapters per request is not done here)."""
+    if served is not None and same_folder(requested, served):
+        return
+    serving = (
+        f"this model is served with adapter {served!r}"
+        if served
+        else "this model is served without an adapter"
+    )
+    raise InvalidRequest(
+        f"`adapters` {requested!r} is not an adapter this server was started with ({serving}); "
+        f"{HOW_TO_SERVE_ADAPTERS}",
+        param="adapters",
+    )
+
+
+def same_folder(a: str, b: str) -> bool:
+    """Whether two folder paths name one folder (relative ones from the server's directory)."""
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
 
 
 def prediction_tokens(prediction: Any, ctx: ProtocolContext) -> tuple[int, ...] | None:

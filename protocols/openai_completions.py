@@ -54,7 +54,7 @@ def parse_body(body: bytes, ctx: ProtocolContext) -> Job:
     """Decode, validate and tokenize one completions request; ServeError 400 on any fault.
     Several prompts make one call: `n` choices each, numbered prompt by prompt."""
     req = common.decode(_DECODER, body)
-    common.check_supported(req)
+    common.check_supported(req, ctx)
     _check_completion_supported(req)
     first, *rest = prompts_of(req.prompt, ctx.tokenizer)
     if (1 + len(rest)) * (req.n or 1) > MAX_CHOICES:

@@ -36,6 +36,7 @@ def protocol_context(config: Config, slot: Slot, created: int, use_model_id: boo
     slot.ctx = ProtocolContext(
         model_id, model.tokenizer, defaults, created, model.context_length,
         keep_billing_header=c.keep_billing_header, facts=model.facts,
+        adapter=slot.entry.adapter_path or (c.adapter_path if use_model_id else None),
     )  # fmt: skip
     slot.limits = Limits(model.tokenizer.vocab_size, model.context_length)
 

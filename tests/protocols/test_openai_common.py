@@ -272,7 +272,6 @@ def test_parse_rejects_a_grammar_that_does_not_compile(
     ("field", "value", "message"),
     [
         ("xtc_probability", 0.5, "`xtc_probability` > 0 is not supported yet"),
-        ("adapters", "path/to/adapter", "`adapters` is not supported yet"),
         ("draft_model", "some/draft", "`draft_model` is not supported yet"),
     ],
 )
