@@ -23,6 +23,7 @@ from engine.batch.runner import BatchRunner
 from engine.batch.scheduler import Scheduler, SchedulerConfig
 from engine.errors import InvalidRequest, ServeError
 from engine.types import (
+    Admitted,
     Counters,
     Event,
     Finished,
@@ -144,7 +145,9 @@ def run(core: Core, requests: list[Request]) -> dict[str, list[Event | ServeErro
     done = threading.Semaphore(0)
 
     def emitter(rid: str) -> Any:
-        def emit(ev: Event | ServeError) -> None:
+        def emit(ev: Event | Admitted | ServeError) -> None:
+            if isinstance(ev, Admitted):  # the server's note of what was cached, not an event
+                return
             got[rid].append(ev)
             if isinstance(ev, Finished | ServeError):
                 done.release()

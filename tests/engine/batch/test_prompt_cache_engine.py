@@ -19,7 +19,7 @@ from engine.batch.core_parts import Ticket
 from engine.host.assemble import make_core
 from engine.host.settings import EngineSettings
 from engine.model.loader import LoadedModel
-from engine.types import CacheMiss, Counters, Event, Finished, Request, SamplingParams, TextDelta
+from engine.types import Admitted, CacheMiss, Counters, Event, Finished, Request, SamplingParams, TextDelta
 
 STORY = (
     "You are a careful assistant for a team that maintains a large Python service. "
@@ -67,6 +67,8 @@ def serve(core: Core, request: Request) -> tuple[str, Finished]:
     thread.start()
     text = ""
     while not isinstance(ev := events.get(timeout=300), Finished):
+        if isinstance(ev, Admitted):  # the server's note of what was cached, not a text event
+            continue
         assert isinstance(ev, TextDelta), ev
         text += ev.text
     inbox.put(None)

@@ -25,7 +25,7 @@ from engine.batch.core_parts import Ticket
 from engine.host.assemble import DEFAULT_PROMPT_CACHE_BYTES, make_core
 from engine.host.settings import EngineSettings
 from engine.model.loader import LoadedModel
-from engine.types import Counters, Event, Finished, Request, SamplingParams, TextDelta
+from engine.types import Admitted, Counters, Event, Finished, Request, SamplingParams, TextDelta
 
 GPU = mx.default_device().type == mx.DeviceType.gpu
 LLAMA_8B_KV = {"num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128}  # bf16: 128 KiB/token
@@ -91,6 +91,8 @@ def serve(core: Core, requests: list[Request]) -> list[tuple[str, Finished]]:
         inbox.put(Ticket(request, events.put))
         text = ""
         while not isinstance(ev := events.get(timeout=900), Finished):
+            if isinstance(ev, Admitted):  # the server's note of what was cached, not a text event
+                continue
             assert isinstance(ev, TextDelta), ev
             text += ev.text
         out.append((text, ev))
