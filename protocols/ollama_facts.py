@@ -58,7 +58,8 @@ def _details(facts: ModelFacts | None = None) -> dict[str, Any]:
     }
 
 
-def _entry(name: str, facts: ModelFacts | None = None) -> dict[str, Any]:
+def entry(name: str, facts: ModelFacts | None = None) -> dict[str, Any]:
+    """A name as /api/tags lists it."""
     return {
         "name": tagged(name),
         "model": tagged(name),
@@ -75,21 +76,24 @@ def _names(ctx: ProtocolContext) -> list[str]:
 
 def tags(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
     """GET /api/tags: every name the model is served under."""
-    return 200, orjson.dumps({"models": [_entry(n, ctx.facts) for n in _names(ctx)]})
+    return 200, orjson.dumps({"models": [entry(n, ctx.facts) for n in _names(ctx)]})
 
 
 def ps(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:
     """GET /api/ps: the loaded model, kept for as long as the server runs."""
-    facts = ctx.facts
+    return 200, orjson.dumps({"models": [loaded(ctx.model_id, ctx.facts, ctx.context_length)]})
+
+
+def loaded(name: str, facts: ModelFacts | None, context_length: int | None) -> dict[str, Any]:
+    """A loaded model as /api/ps lists it: the memory it holds, on a GPU or not."""
     memory = facts.memory_bytes if facts is not None else 0
-    loaded = {
-        **_entry(ctx.model_id, facts),
+    return {
+        **entry(name, facts),
         "size": memory,
         "expires_at": NEVER,
         "size_vram": memory if facts is not None and facts.on_gpu else 0,
-        "context_length": ctx.context_length,
+        "context_length": context_length,
     }
-    return 200, orjson.dumps({"models": [loaded]})
 
 
 def version(body: bytes, ctx: ProtocolContext) -> tuple[int, bytes]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from typing import Any, Protocol
 
@@ -17,9 +16,9 @@ import orjson
 
 from engine.errors import InvalidRequest, ServeError
 from engine.host.client import EngineClient, EngineState
+from engine.model.facts import ModelFacts
 from protocols.contract import ErrorFormat, ModelNotFound, Receive, Route, Scope, Send
-from protocols.ollama_facts import NEVER, tagged
-from protocols.ollama_render import created_at
+from protocols.ollama_facts import entry, loaded
 from server.config import Config
 from server.dispatch import RETRY_AFTER_LOADING_S
 from server.names import ServedNames
@@ -178,17 +177,16 @@ class ModelRoutes:
     # -- Ollama's lists ----------------------------------------------------------------------------
 
     async def ollama_tags(self, scope: Scope, receive: Receive, send: Send) -> None:
-        names = [n for s in self.registry.slots.values() for n in s.names().listed]
-        await send_json(send, 200, orjson.dumps({"models": [_ollama_entry(n) for n in names]}))
+        names = [(n, s) for s in self.registry.slots.values() for n in s.names().listed]
+        await send_json(send, 200, orjson.dumps({"models": [entry(n, _facts_of(s)) for n, s in names]}))
 
     async def ollama_ps(self, scope: Scope, receive: Receive, send: Send) -> None:
-        loaded = []
+        models = []
         for slot in self.registry.slots.values():
             if slot.state == "loaded":
                 context, _ = self._facts(slot)
-                entry = {**_ollama_entry(slot.name), "expires_at": NEVER, "context_length": context}
-                loaded.append({**entry, "size_vram": slot.allotted})
-        await send_json(send, 200, orjson.dumps({"models": loaded}))
+                models.append(loaded(slot.name, _facts_of(slot), context))
+        await send_json(send, 200, orjson.dumps({"models": models}))
 
     # -- admin ---------------------------------------------------------------------------------------
 
@@ -260,23 +258,10 @@ class ModelRoutes:
             left.cancel()
 
 
-def _ollama_entry(name: str) -> dict[str, Any]:
-    details = {
-        "format": "mlx",
-        "family": "mlx",
-        "families": ["mlx"],
-        "parameter_size": "",
-        "quantization_level": "",
-    }
-    digest = hashlib.sha256(name.encode()).hexdigest()
-    return {
-        "name": tagged(name),
-        "model": tagged(name),
-        "modified_at": created_at(),
-        "size": 0,
-        "digest": digest,
-        "details": details,
-    }
+def _facts_of(slot: Slot) -> ModelFacts | None:
+    """What the slot's loaded engine read of its model's files (None before it loads)."""
+    model = slot.engine.model if slot.engine is not None else None
+    return model.facts if model is not None else None
 
 
 def _speaks_anthropic(scope: Scope) -> bool:
