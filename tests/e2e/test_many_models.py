@@ -21,6 +21,7 @@ import openai
 import orjson
 import pytest
 
+from tests import lora_fixture
 from tests.support.server_proc import ServerProcess
 
 pytestmark = pytest.mark.real
@@ -34,8 +35,16 @@ PARIS = "The capital of France is Paris."
 def two(
     smollm_path: Path, tiny_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("logs") / "two-models.log"
-    server = ServerProcess(["--model", f"smol={smollm_path}", "--model", f"tiny={tiny_path}"], log, bare=True)
+    """SmolLM2 (with a LoRA adapter, `smol:lighthouse`) from a models file, and a tiny model."""
+    folder = tmp_path_factory.mktemp("two-models")
+    models = folder / "models.toml"
+    models.write_text(
+        f'[[models]]\nname = "smol"\nsource = "{smollm_path}"\n'
+        f'adapters = {{ lighthouse = "{lora_fixture.trained_adapter()}" }}\n'
+    )
+    server = ServerProcess(
+        ["--models", str(models), "--model", f"tiny={tiny_path}"], folder / "log", bare=True
+    )
     yield server
     server.close()
 
@@ -66,12 +75,26 @@ def test_two_models_answer_at_once_on_every_sdk(two: ServerProcess) -> None:
     chat = local.chat(model="tiny:latest", messages=QUESTION, options={"temperature": 0, "num_predict": 12})
     assert chat.message.content == tiny_text
     assert ask(two, "default").startswith(PARIS)  # no name: the first model
-    with pytest.raises(openai.NotFoundError, match="use one of: smol, tiny") as refused:
+    with pytest.raises(openai.NotFoundError, match="use one of: smol, smol:lighthouse, tiny") as refused:
         ask(two, "gpt-4")
     assert refused.value.code == "model_not_found"
     listed = openai.OpenAI(base_url=two.url + "/v1", api_key="unused").models.list()
-    assert {m.id: m.model_extra["state"] for m in listed.data} == {"smol": "loaded", "tiny": "loaded"}  # type: ignore[index]
+    states = {m.id: m.model_extra["state"] for m in listed.data}  # type: ignore[index]
+    assert states == {"smol": "loaded", "smol:lighthouse": "unloaded", "tiny": "loaded"}
     assert [m["name"] for m in local.ps().model_dump()["models"]] == ["smol:latest", "tiny:latest"]
+
+
+def test_base_colon_adapter_serves_the_base_with_that_lora_adapter(two: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=two.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+    def answer(model: str, question: str) -> str:
+        messages = lora_fixture.chat(question)
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=16, temperature=0)  # type: ignore[arg-type]
+        return reply.choices[0].message.content or ""
+
+    assert answer("smol:lighthouse", lora_fixture.QUESTION).startswith(lora_fixture.PHRASE)
+    assert not answer("smol", lora_fixture.QUESTION).startswith(lora_fixture.PHRASE)
+    assert answer("smol:lighthouse", lora_fixture.CONTROL).startswith(PARIS)
 
 
 def _stream(server: ServerProcess, model: str, out: list[str]) -> None:
