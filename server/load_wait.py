@@ -70,6 +70,7 @@ async def stream_after_load(
     early = EarlyStream(send)
     async with registry.use(slot):
         await early.head()
+        await early.heartbeat()  # a server may hold the head back until a body part comes
         try:
             loading = asyncio.ensure_future(registry.ensure(slot))
             try:
