@@ -22,6 +22,7 @@ BENCHMARKS = {
     "startup": "bench.startup",
     "loop": "bench.loop",
     "embed": "bench.embed",
+    "models": "bench.models",
 }
 
 
