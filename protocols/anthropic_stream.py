@@ -11,6 +11,7 @@ import orjson
 from engine.errors import EngineFailed, ServeError
 from engine.tools.json_scan import partial_value
 from engine.types import (
+    Admitted,
     Delta,
     Finished,
     FinishReason,
@@ -161,8 +162,10 @@ class MessageStream:
         self._on_reply = on_reply
         self._reply: list[dict[str, Any]] = []
 
-    def start(self) -> Frames:
-        usage = usage_json(Usage(len(self._job.request.prompt_tokens), 0))
+    def start(self, admitted: Admitted | None = None) -> Frames:
+        # Anthropic's message_start reports the prompt as the uncached part and the cache read
+        cached = admitted.cached_tokens if admitted is not None else 0
+        usage = usage_json(Usage(len(self._job.request.prompt_tokens), 0, cached_tokens=cached))
         message = {
             **_message_head(self._job),
             "content": [],

@@ -16,6 +16,7 @@ from engine.errors import ServeError
 from engine.model.facts import ModelFacts
 from engine.model.tokenizer import ChatTokenizer
 from engine.types import (
+    Admitted,
     Delta,
     EngineTimings,
     Event,
@@ -211,13 +212,23 @@ class EventStream(Protocol):
         """How many items next() would give without waiting."""
         ...
 
+    async def admission(self) -> Admitted | None:
+        """Wait for the first choice's admission to a row: the engine's note of what the prefix
+        cache served it; None when an event, an error or the end comes first."""
+        ...
+
     def cancel(self) -> None: ...
 
 
 class StreamRenderer(Protocol):
     """Turns engine events into one wire format's SSE events; the writer frames and sends them."""
 
-    def start(self) -> Frames: ...
+    def start(self, admitted: Admitted | None = None) -> Frames:
+        """The stream's first events, sent once the request is admitted to a row: `admitted`
+        says what the prefix cache served it (None: not known, the stream ended or failed
+        first). A format whose first event reports usage (Anthropic's message_start) uses it."""
+        ...
+
     def delta(self, event: Delta, index: int = 0) -> Frames: ...
     def finish(self, event: Finished, index: int = 0) -> Frames:
         """One choice ended; with n choices, the format closes the stream after the last."""

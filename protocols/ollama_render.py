@@ -19,6 +19,7 @@ import orjson
 
 from engine.errors import ServeError
 from engine.types import (
+    Admitted,
     Delta,
     EngineTimings,
     Finished,
@@ -146,7 +147,7 @@ class OllamaStream:
     def _line(self, **part: Any) -> JsonLine:
         return JsonLine({**head(self._job), **piece(self._job, **part), "done": False})
 
-    def start(self) -> Frames:
+    def start(self, admitted: Admitted | None = None) -> Frames:
         return []
 
     def delta(self, event: Delta, index: int = 0) -> Frames:

@@ -14,6 +14,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from engine.errors import InvalidRequest, ServeError
 from engine.types import (
+    Admitted,
     Delta,
     Finished,
     ReasoningDelta,
@@ -272,7 +273,7 @@ def _logprobs(entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
 class ChatStream(render.ChunkStream):
     """chat.completion.chunk frames: a role primer, content deltas, a finish chunk."""
 
-    def start(self) -> Frames:
+    def start(self, admitted: Admitted | None = None) -> Frames:
         return [self.frame(_choice({"role": "assistant", "content": ""}, index=i)) for i in range(self._n)]
 
     def delta(self, event: Delta, index: int = 0) -> Frames:

@@ -21,7 +21,7 @@ from msgspec import Meta
 
 from engine.errors import InvalidRequest, ServeError
 from engine.model.tokenizer import ChatTokenizer
-from engine.types import Delta, Finished, TextDelta, TokenLogprob
+from engine.types import Admitted, Delta, Finished, TextDelta, TokenLogprob
 from protocols import openai_common as common
 from protocols import openai_render as render
 from protocols import reasoning
@@ -143,7 +143,7 @@ def _legacy_logprobs(entries: tuple[TokenLogprob, ...], offset: int = 0) -> dict
 class CompletionStream(render.ChunkStream):
     """text_completion frames: text deltas, then a finish chunk; no primer."""
 
-    def start(self) -> Frames:
+    def start(self, admitted: Admitted | None = None) -> Frames:
         return []
 
     def delta(self, event: Delta, index: int = 0) -> Frames:

@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.errors import InvalidRequest, QueueFull, ServeError
 from engine.types import (
+    Admitted,
     Delta,
     Finished,
     FinishReason,
@@ -185,7 +186,7 @@ class ResponseStream:
     def _at(self, item: _OpenItem) -> dict[str, Any]:
         return {"item_id": item.item_id, "output_index": len(self._output)}
 
-    def start(self) -> Frames:
+    def start(self, admitted: Admitted | None = None) -> Frames:
         response = response_json(self._job, self._ctx, "in_progress", [])
         return [
             self._emit("response.created", response=response),

@@ -18,8 +18,9 @@ from collections.abc import Iterable
 import orjson
 
 from engine.errors import ServeError
-from engine.types import Delta, Finished, ReasoningDelta, TextDelta, TokenLogprob, ToolCallStart
+from engine.types import Admitted, Delta, Finished, ReasoningDelta, TextDelta, TokenLogprob, ToolCallStart
 from protocols.contract import (
+    KEEP_ALIVE,
     EventStream,
     Frame,
     Framing,
@@ -181,8 +182,10 @@ async def stream_sse(
     extra: Iterable[tuple[bytes, bytes]] = (),
     framing: Framing = Framing.SSE,
 ) -> None:
-    """Headers, then one body chunk per engine event, heartbeats while quiet, the renderer's
-    error events on a ServeError, and the end of the body however the stream ends."""
+    """Headers at once; the renderer's first events once the engine admits the request (what the
+    prefix cache served it is then known: Anthropic's message_start reports it), heartbeats
+    while it waits in the queue; then one body chunk per engine event, heartbeats while quiet,
+    the renderer's error events on a ServeError, and the end of the body however it ends."""
     watcher = watch_disconnect(receive, stream)
     body = _BodySender(send)
     try:
@@ -193,13 +196,30 @@ async def stream_sse(
                 "headers": FRAMING_HEADERS[framing] + safe_headers(extra),
             }
         )
-        await body(encode(renderer.start()))
+        # before the first events, a comment where SSE has them (a format's own heartbeat, like
+        # Anthropic's ping, may not come before its first event); an NDJSON format's own line
+        waiting = KEEP_ALIVE if framing is Framing.SSE else renderer.heartbeat()
+        admitted = await _admission(stream, body, encode_frame(waiting), heartbeat_s)
+        await body(encode(renderer.start(admitted)))
         await _pump(stream, renderer, body, heartbeat_s)
     finally:
         watcher.cancel()
         stream.cancel()
         with contextlib.suppress(Exception):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _admission(
+    stream: EventStream, body: _BodySender, beat: bytes, heartbeat_s: float
+) -> Admitted | None:
+    """Wait for the request's admission (or its first event, its error, its end, a disconnect:
+    whichever comes first), a heartbeat each `heartbeat_s` meanwhile."""
+    while True:
+        try:
+            async with asyncio.timeout(heartbeat_s):
+                return await stream.admission()
+        except TimeoutError:
+            await body(beat)
 
 
 async def _pump(stream: EventStream, renderer: StreamRenderer, body: _BodySender, heartbeat_s: float) -> None:

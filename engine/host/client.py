@@ -99,6 +99,8 @@ class RequestStream:
         self.warnings = list(warnings)
         self.done = False
         self.admitted: dict[int, Admitted] = {}  # by choice: what the prefix cache served it
+        # set by the first choice's note, or anything that comes before it (an event, an error, the end)
+        self._admission = asyncio.Event()
 
     @property
     def request(self) -> Request:
@@ -109,13 +111,22 @@ class RequestStream:
         i = self.index_of[request_id]
         if isinstance(ev, Admitted):
             self.admitted[i] = ev
+            if i == 0:
+                self._admission.set()
             return
         self._events.put_nowait((i, ev))
+        self._admission.set()
         if isinstance(ev, (Finished, ServeError)):
             self.tickets[i].aborted.set()  # nothing more will come: a later cancel sends nothing
 
     def pending(self) -> int:
         return 0 if self.done else self._events.qsize()
+
+    async def admission(self) -> Admitted | None:
+        """Wait until the first choice's row has begun and give the engine's note of it (what the
+        prefix cache served); None when an event, an error or the end came first."""
+        await self._admission.wait()
+        return self.admitted.get(0)
 
     async def next(self) -> tuple[int, Event] | None:
         if self.done:
@@ -146,6 +157,7 @@ class RequestStream:
         if not self.done:
             self._events.put_nowait(CANCELLED)
             self._end()
+        self._admission.set()
         self.cancel_open()
 
     def cancel_open(self) -> None:

@@ -13,7 +13,7 @@ import httpx2
 import orjson
 
 from engine.errors import ServeError
-from engine.types import Event, Finished, FinishReason, TextDelta, Usage
+from engine.types import Admitted, Event, Finished, FinishReason, TextDelta, Usage
 from protocols.contract import Job, ProtocolContext, WireFormat
 from server.writer import Accumulator, encode
 
@@ -28,11 +28,17 @@ def text_events(
 
 
 def render_stream(
-    fmt: WireFormat, job: Job, ctx: ProtocolContext, events: list[Event], fail: ServeError | None = None
+    fmt: WireFormat,
+    job: Job,
+    ctx: ProtocolContext,
+    events: list[Event],
+    fail: ServeError | None = None,
+    admitted: Admitted | None = None,
 ) -> bytes:
-    """What the writer sends for these events: start, a frame per event, then finish or error."""
+    """What the writer sends for these events: start (told of the admission), a frame per
+    event, then finish or error."""
     renderer = fmt.renderer(job, ctx)
-    out = renderer.start()
+    out = renderer.start(admitted)
     for ev in events:
         out += renderer.finish(ev) if isinstance(ev, Finished) else renderer.delta(ev)
     return encode(out + (renderer.error(fail) if fail is not None else []))
@@ -74,6 +80,7 @@ class ScriptedServer:
     generate_path: str
     events: list[Event] = field(default_factory=lambda: text_events("Hello", "!"))
     fail: ServeError | None = None
+    admitted: Admitted | None = None  # the engine's note at admission, given to start()
     routes: dict[tuple[str, str], Route] = field(default_factory=dict)
     jobs: list[Job] = field(default_factory=list)
     bodies: list[Any] = field(default_factory=list)
@@ -102,7 +109,7 @@ class ScriptedServer:
         self.jobs.append(job)
         notes = [("warning", w) for w in job.warnings]  # as the app sends a protocol's notes
         if job.stream:
-            stream = render_stream(self.fmt, job, self.ctx, self.events, self.fail)
+            stream = render_stream(self.fmt, job, self.ctx, self.events, self.fail, self.admitted)
             return httpx2.Response(200, content=stream, headers=[("content-type", SSE), *notes])
         return httpx2.Response(
             200,

@@ -8,19 +8,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import anthropic
 import anthropic.types
+import httpx2
 import openai.types
 import openai.types.chat
 import openai.types.responses
 import orjson
 import pytest
 
-from engine.types import Usage
+from engine.errors import EngineFailed
+from engine.types import Admitted, Usage
 from protocols import anthropic_messages, openai_chat, openai_completions
 from protocols.contract import ProtocolContext, WireFormat
 from protocols.openai_responses import OpenAIResponses
 from protocols.responses_store import ResponsesStore
-from tests.protocols.scripted import render_json, render_stream, sse_events, text_events
+from tests.protocols.scripted import ScriptedServer, render_json, render_stream, sse_events, text_events
 
 PROMPT, CACHED = 12, 8
 USAGE = Usage(PROMPT, 2, cached_tokens=CACHED)
@@ -96,3 +99,48 @@ def test_a_finished_requests_cached_tokens_are_in_its_usage(name: str, ctx: Prot
     job = fmt.parse(orjson.dumps({"model": "m", "stream": True, **fields}), ctx)
     frames = sse_events(render_stream(fmt, job, ctx, text_events("a", "b", usage=USAGE)))
     assert streamed(frames) == CACHED
+
+
+def _anthropic(server: ScriptedServer) -> anthropic.Anthropic:
+    http = httpx2.Client(transport=server.transport())
+    return anthropic.Anthropic(
+        api_key="k",
+        base_url="http://mlx-serve",
+        http_client=http,
+        max_retries=0,
+        _strict_response_validation=True,
+    )
+
+
+def test_anthropic_message_start_reports_what_the_cache_served(ctx: ProtocolContext) -> None:
+    # Claude Code takes a turn's usage from message_start: the cache read must be there already.
+    server = ScriptedServer(anthropic_messages.FORMAT, ctx, "/v1/messages", admitted=Admitted(CACHED))
+    server.events = text_events("a", "b", usage=USAGE)
+    with _anthropic(server).messages.stream(
+        model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    start = next(e for e in events if e.type == "message_start")
+    prompt = len(server.jobs[0].request.prompt_tokens)
+    assert start.message.usage.cache_read_input_tokens == CACHED
+    assert start.message.usage.input_tokens == prompt - CACHED
+    assert final.usage.cache_read_input_tokens == CACHED  # the finish says the same
+
+
+def test_anthropic_message_start_without_an_admission_reports_no_cache_read(ctx: ProtocolContext) -> None:
+    # The request failed before its row began: message_start, whole prompt uncached, then the error.
+    server = ScriptedServer(anthropic_messages.FORMAT, ctx, "/v1/messages", events=[])
+    server.fail = EngineFailed("the engine stopped")
+    client, seen = _anthropic(server), []
+    with (
+        pytest.raises(anthropic.APIStatusError, match="the engine stopped"),
+        client.messages.stream(
+            model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        ) as stream,
+    ):
+        seen.extend(stream)
+    [start] = seen
+    assert start.type == "message_start"
+    assert start.message.usage.cache_read_input_tokens == 0
+    assert start.message.usage.input_tokens == len(server.jobs[0].request.prompt_tokens)

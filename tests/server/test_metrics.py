@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.errors import ServeError
 from engine.host.client import EngineState
 from engine.host.thread import ThreadEngine
-from engine.types import Delta, Finished, Request
+from engine.types import Admitted, Delta, Finished, Request
 from protocols.contract import Frame, SseComment, SseEvent
 from server.app import App
 from server.config import Config
@@ -31,7 +31,7 @@ from tests.support.fake_engine import fake_engine
 class Frames:
     """A minimal StreamRenderer: one text event per engine event."""
 
-    def start(self) -> list[Frame]:
+    def start(self, admitted: Admitted | None = None) -> list[Frame]:
         return [SseEvent("start")]
 
     def delta(self, event: Delta, index: int = 0) -> list[Frame]:

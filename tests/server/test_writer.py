@@ -12,6 +12,7 @@ import pytest
 
 from engine.errors import EngineFailed, ServeError
 from engine.types import (
+    Admitted,
     Delta,
     Event,
     Finished,
@@ -34,12 +35,23 @@ Item = tuple[int, Event] | ServeError | None
 
 class FakeStream:
     """An EventStream fed by the test: put (index, event) items, a ServeError to raise, or None
-    to end. Cancelling ends it too, as the engine ends a cancelled call."""
+    to end; admit() the engine's note of the row's start. Cancelling ends it too, as the engine
+    ends a cancelled call. As the engine's, its admission waits for the note or for anything else."""
 
     def __init__(self, n: int = 1) -> None:
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.n = n
         self.cancels = 0
+        self.note: Admitted | None = None
+        self.admitted = asyncio.Event()
+
+    def admit(self, note: Admitted) -> None:
+        self.note = note
+        self.admitted.set()
+
+    async def admission(self) -> Admitted | None:
+        await self.admitted.wait()
+        return self.note
 
     @property
     def tickets(self) -> list[int]:
@@ -48,6 +60,7 @@ class FakeStream:
     def put(self, *items: Item) -> None:
         for item in items:
             self.queue.put_nowait(item)
+        self.admitted.set()
 
     def pending(self) -> int:
         return self.queue.qsize()
@@ -61,6 +74,7 @@ class FakeStream:
     def cancel(self) -> None:
         self.cancels += 1
         self.queue.put_nowait(None)
+        self.admitted.set()
 
 
 @dataclass
@@ -89,10 +103,12 @@ class Client:
 
 
 class Renderer:
-    """A toy StreamRenderer: named start, unnamed text chunks, a `[DONE]` after the finish."""
+    """A toy StreamRenderer: named start (with the cached tokens it was told of), unnamed text
+    chunks, a `[DONE]` after the finish, a `ping` comment for a heartbeat."""
 
-    def start(self) -> Frames:
-        return [SseEvent({"type": "start"}, "start")]
+    def start(self, admitted: Admitted | None = None) -> Frames:
+        cached = {"cached": admitted.cached_tokens} if admitted is not None else {}
+        return [SseEvent({"type": "start", **cached}, "start")]
 
     def delta(self, event: Delta, index: int = 0) -> Frames:
         text = getattr(event, "text", "")
@@ -105,7 +121,7 @@ class Renderer:
         return [SseEvent({"error": exc.message}, "error"), SseEvent("[DONE]")]
 
     def heartbeat(self) -> Frame:
-        return KEEP_ALIVE
+        return SseComment("ping")
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -193,6 +209,7 @@ def test_stream_sse_events_already_queued_go_out_as_one_chunk_in_order() -> None
 
 def test_stream_sse_sends_heartbeats_while_the_engine_is_quiet() -> None:
     stream, client = FakeStream(), Client()
+    stream.admit(Admitted(0))
 
     async def go() -> None:
         task = asyncio.create_task(streamed(stream, client, heartbeat_s=0.02))
@@ -202,11 +219,66 @@ def test_stream_sse_sends_heartbeats_while_the_engine_is_quiet() -> None:
 
     run(go())
     chunks = client.chunks
+    assert chunks[0] == b'event: start\ndata: {"type":"start","cached":0}\n\n'
     beats = chunks[1:-1]
-    assert len(beats) >= 3 and set(beats) == {b": keep-alive\n\n"}
+    assert len(beats) >= 3 and set(beats) == {b": ping\n\n"}  # the renderer's own heartbeat
     assert chunks[-1] == (  # what came together goes out together
         b'data: {"text":"a","index":0}\n\ndata: {"finish":"stop"}\n\ndata: [DONE]\n\n'
     )
+
+
+def test_stream_sse_a_queued_request_gets_comments_then_its_start_with_the_cached_tokens() -> None:
+    # Waiting for a row: the head at once, SSE comments (not the format's heartbeat event, which
+    # may not come before its first event), then the first events with what the cache served.
+    stream, client = FakeStream(), Client()
+
+    async def go() -> None:
+        task = asyncio.create_task(streamed(stream, client, heartbeat_s=0.02))
+        await asyncio.sleep(0.15)
+        assert client.messages[0]["type"] == "http.response.start"
+        stream.admit(Admitted(96))
+        await asyncio.sleep(0.01)
+        stream.put((0, TextDelta("a")), (0, STOP), None)
+        await task
+
+    run(go())
+    chunks = client.chunks
+    start = chunks.index(b'event: start\ndata: {"type":"start","cached":96}\n\n')
+    assert start >= 3 and set(chunks[:start]) == {b": keep-alive\n\n"}
+    assert chunks[-1].startswith(b'data: {"text":"a","index":0}\n\n')
+
+
+def test_stream_sse_an_error_before_admission_follows_the_start() -> None:
+    stream, client = FakeStream(), Client()
+
+    async def go() -> None:
+        task = asyncio.create_task(streamed(stream, client, heartbeat_s=0.02))
+        await asyncio.sleep(0.05)
+        stream.put(EngineFailed("no row for it"))
+        await task
+
+    run(go())
+    chunks = client.chunks
+    assert chunks[-2:] == [  # the start without cache figures, then the renderer's error frame
+        b'event: start\ndata: {"type":"start"}\n\n',
+        b'event: error\ndata: {"error":"no row for it"}\n\ndata: [DONE]\n\n',
+    ]
+    assert set(chunks[:-2]) <= {b": keep-alive\n\n"}
+    assert stream.cancels == 1
+
+
+def test_stream_sse_a_disconnect_while_queued_cancels_the_request() -> None:
+    stream, client = FakeStream(), Client()
+
+    async def go() -> None:
+        task = asyncio.create_task(streamed(stream, client, heartbeat_s=0.02))
+        await asyncio.sleep(0.05)
+        client.gone.set()  # never admitted: only the disconnect watch can end it
+        await task
+
+    run(go())
+    assert stream.cancels == 2  # the disconnect watch, then the writer's own cleanup
+    assert client.messages[-1] == END
 
 
 def test_stream_sse_error_after_headers_is_the_renderers_error_frame() -> None:
