@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from engine.batch.core import Core
@@ -20,6 +21,8 @@ from engine.batch.core_parts import Ticket
 from engine.errors import ServeError
 from engine.host.client import EngineState, RequestStream
 from engine.host.owner_thread import ThreadHost, to_loop
+from engine.host.process_child import live_counts
+from engine.model.facts import ModelFacts, model_facts
 from engine.model.loader import LoadedModel
 from engine.model.tokenizer import spelling_span, warm_prompt_path
 from engine.types import Counters, Event
@@ -48,14 +51,24 @@ class ThreadEngine(ThreadHost[Ticket]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: Held = []
         self.counters = Counters()
+        # The tickets in flight (on the loop; a finished or cancelled one has its abort flag set):
+        # running and waiting as of now, where the step loop's gauges wait for a step's end.
+        self._tickets: dict[str, Ticket] = {}
 
     async def stats(self) -> dict[str, Any]:
-        return {"restarts": 0, **asdict(self.counters)}
+        return {"restarts": 0, **asdict(self.counters), **live_counts(self._in_flight())}
+
+    def _in_flight(self) -> dict[str, Ticket]:
+        self._tickets = {k: t for k, t in self._tickets.items() if not t.aborted.is_set()}
+        return self._tickets
 
     def _deliver(self, stream: RequestStream) -> None:
         self._loop = asyncio.get_running_loop()
+        tickets = self._in_flight()
         for ticket in stream.tickets:  # the same request and abort flag; events go to the outbox
-            self._inbox.put(Ticket(ticket.request, partial(_hold, self._outbox, ticket.emit), ticket.aborted))
+            held = Ticket(ticket.request, partial(_hold, self._outbox, ticket.emit), ticket.aborted)
+            tickets[ticket.request.id] = held
+            self._inbox.put(held)
 
     def _flush(self) -> None:
         """On the owner thread, after each step: hand the step's events to the loop at once."""
@@ -70,7 +83,7 @@ class ThreadEngine(ThreadHost[Ticket]):
             core = self._make_core(loaded, self.counters)
             plan, span = getattr(core, "memory_plan", None), spelling_span(loaded.tokenizer)
             warm_prompt_path(loaded.tokenizer)
-            self._loaded(loaded.model_id, loaded.tokenizer, plan, span)
+            self._loaded(loaded.model_id, loaded.tokenizer, plan, span, _facts(loaded.path))
         except Exception as exc:  # noqa: BLE001 - any load failure is the model's: FAILED, said once
             self._failed_to_load(exc)
             return
@@ -82,6 +95,17 @@ class ThreadEngine(ThreadHost[Ticket]):
             self.error, self.state = f"{type(exc).__name__}: {exc}", EngineState.FAILED
         finally:
             self._flush()  # what the last step emitted
+
+
+def _facts(path: Path) -> ModelFacts | None:
+    """What the model's files say (size, parameters, quantization: Ollama's listings), and
+    whether its memory is a GPU's, as the process host reports them (engine.host.build)."""
+    facts = model_facts(path)
+    if facts is None:
+        return None
+    import mlx.core as mx
+
+    return replace(facts, on_gpu=mx.default_device().type == mx.DeviceType.gpu)
 
 
 def _hold(
