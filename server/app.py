@@ -49,7 +49,7 @@ from protocols.contract import (
 from server.body import read_body
 from server.config import Config
 from server.dispatch import OPENAI_ERRORS, dispatch
-from server.load_wait import stream_after_load, streams
+from server.load_wait import loading_for_stream, stream_after_load
 from server.metrics import Metrics
 from server.model_context import NamedModel, engine_of, named, protocol_context
 from server.model_routes import ModelRoutes
@@ -128,7 +128,12 @@ class App:
             Route("GET", "/api/tags", self._facts_route(ollama_facts.tags, self.listing.ollama_tags), ol),
             Route("POST", "/api/show", answer(ollama_facts.show, facts=True), ol),
             Route("GET", "/api/ps", self._facts_route(ollama_facts.ps, self.listing.ollama_ps), ol),
-            Route("GET", "/api/version", self._facts_route(ollama_facts.version, self._version), ol),
+            Route(
+                "GET",
+                "/api/version",
+                self._facts_route(ollama_facts.version, self.listing.ollama_version),
+                ol,
+            ),
             Route("POST", "/api/embed", self.embedding(ollama_embed.EMBED), ol),
             Route("POST", "/api/embeddings", self.embedding(ollama_embed.EMBEDDINGS), ol),
         ]
@@ -138,9 +143,6 @@ class App:
     ) -> Handler:
         """A fact about the model on a one-model server; the registry's answer with many."""
         return self.answer(fn, facts=True) if self.registry.single else many
-
-    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_json(send, 200, orjson.dumps({"version": ollama_facts.OLLAMA_VERSION}))
 
     def _token_routes(self) -> list[Route]:
         oa, answer = OPENAI_ERRORS, self.answer
@@ -322,7 +324,10 @@ class App:
         self, fmt: WireFormat, names: Mapping[str, str], scope: Scope, receive: Receive, send: Send
     ) -> None:
         body = await self.read_body(scope, receive)
-        slot = self._loading_for_stream(fmt, body)
+        if self.registry.single:  # the one model: no lookup, nothing to hold
+            await self._generate_on(self.registry.default, fmt, names, body, scope, receive, send)
+            return
+        slot = loading_for_stream(self.registry, body, sse=fmt not in (ollama.CHAT, ollama.GENERATE))
         if slot is not None:  # its head and heartbeats go out while the model loads
             errors = self.table.match_scope(scope).errors or OPENAI_ERRORS
             answer = partial(self._generate_on, slot, fmt, names, body, scope, receive)
@@ -330,14 +335,6 @@ class App:
             return
         async with self.model_for(body) as slot:
             await self._generate_on(slot, fmt, names, body, scope, receive, send)
-
-    def _loading_for_stream(self, fmt: WireFormat, body: bytes) -> Slot | None:
-        """A streaming SSE request's model when it is not loaded (Ollama streams NDJSON: no
-        comment lines to keep it alive, so it waits as a plain request does)."""
-        if self.registry.single or fmt in (ollama.CHAT, ollama.GENERATE) or not streams(body):
-            return None
-        slot = self.registry.resolve(named(body))
-        return slot if slot is not None and slot.state != "loaded" else None
 
     async def _generate_on(
         self, slot: Slot, fmt: WireFormat, names: Mapping[str, str], body: bytes, scope: Scope,

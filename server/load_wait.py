@@ -15,6 +15,7 @@ import msgspec
 from engine.errors import ServeError
 from protocols.contract import ErrorFormat, Message, Send
 from server.dispatch import send_error
+from server.model_context import named
 from server.registry import Registry, Slot
 
 HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -29,6 +30,15 @@ def streams(body: bytes) -> bool:
         return msgspec.json.decode(body, type=Streams).stream is True
     except msgspec.DecodeError:
         return False
+
+
+def loading_for_stream(registry: Registry, body: bytes, sse: bool) -> Slot | None:
+    """A streaming SSE request's model when it is not loaded yet (Ollama streams NDJSON, which
+    has no comment lines to keep it alive: it waits as a plain request does)."""
+    if not sse or not streams(body):
+        return None
+    slot = registry.resolve(named(body))
+    return slot if slot is not None and slot.state != "loaded" else None
 
 
 class EarlyStream:

@@ -18,7 +18,7 @@ from engine.errors import InvalidRequest, ServeError
 from engine.host.client import EngineClient, EngineState
 from engine.model.facts import ModelFacts
 from protocols.contract import ErrorFormat, ModelNotFound, Receive, Route, Scope, Send
-from protocols.ollama_facts import entry, loaded
+from protocols.ollama_facts import OLLAMA_VERSION, entry, loaded
 from server.config import Config
 from server.dispatch import RETRY_AFTER_LOADING_S
 from server.names import ServedNames
@@ -187,6 +187,9 @@ class ModelRoutes:
                 context, _ = self._facts(slot)
                 models.append(loaded(slot.name, _facts_of(slot), context))
         await send_json(send, 200, orjson.dumps({"models": models}))
+
+    async def ollama_version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, orjson.dumps({"version": OLLAMA_VERSION}))
 
     # -- admin ---------------------------------------------------------------------------------------
 

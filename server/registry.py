@@ -189,21 +189,25 @@ class Registry:
     # -- loading ---------------------------------------------------------------------------
 
     async def ensure(self, slot: Slot) -> EngineClient:
-        """The slot's engine, ready: loaded first (room made) when it is not."""
+        """The slot's engine, ready: loaded first (room made) when it is not. One load per call:
+        a model that fails to load says why (the next request tries again)."""
         engine = slot.engine
-        while engine is None or engine.state in (EngineState.STOPPED, EngineState.FAILED) and not self.single:
+        if engine is None or engine.state in (EngineState.STOPPED, EngineState.FAILED) and not self.single:
+            engine = await self._load_when_room(slot)
+        if engine.state is not EngineState.READY:
+            await engine.wait_ready()
+        return engine
+
+    async def _load_when_room(self, slot: Slot) -> EngineClient:
+        while True:
             try:
-                engine = self.load(slot)
+                return self.load(slot)
             except NoRoom:
                 loading = [s.engine for s in self.slots.values() if s.state == "loading" and s.engine]
                 if not loading:
                     raise
                 # a model still loading may be unloaded once it is ready and idle: wait, try again
                 await asyncio.wait([asyncio.ensure_future(_settled(e)) for e in loading])
-                engine = slot.engine
-        if engine.state is not EngineState.READY:
-            await engine.wait_ready()
-        return engine
 
     @contextlib.asynccontextmanager
     async def use(self, slot: Slot) -> AsyncIterator[None]:
@@ -227,7 +231,12 @@ class Registry:
         self._make_room(slot, need)
         share = allot(self.budget, need, self.free(), len(self.slots))
         engine = self._make(slot.entry, share or None)
-        engine.on_fatal = lambda error: self._failed(slot, error)
+        loop = asyncio.get_running_loop()
+
+        def failed(error: str) -> None:  # a thread host says so from its own thread
+            loop.call_soon_threadsafe(self._failed, slot, error)
+
+        engine.on_fatal = failed
         slot.engine, slot.allotted, slot.ctx = engine, share, None
         slot.last_used = time.monotonic()
         log.info("loading model %s (memory budget %.2f GiB)", slot.name, share / GIB)
