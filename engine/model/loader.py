@@ -200,8 +200,10 @@ def load_tokenizer(spec: ModelSpec) -> Any:
 
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Weights and tokenizer through mlx-lm (weights are evaluated here, not lazily). Weights
-    served dequantized come from their float32 copy once there is one (engine.model.dequantized)."""
-    served_float32 = spec.adapter_path is None and _serves_float32(spec.dequantize)
+    served dequantized come from their float32 copy once there is one (engine.model.dequantized),
+    an adapter applied over it as over the quantized weights dequantized (the same numbers); the
+    copy is written only from a model without one."""
+    served_float32 = _serves_float32(spec.dequantize)
     copy = dequantized.copy_folder(spec.path, cache_root()) if served_float32 else None
     if copy is not None and copy.is_dir():
         log.info("loading %s from %s (float32 copy of %s) ...", spec.model_id, copy, spec.path)
@@ -211,7 +213,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     model, tokenizer = _mlx_load(spec.path, spec)
     quantized = is_quantized(model)
     model = maybe_dequantize(model, spec.dequantize)
-    if copy is not None and quantized and not is_quantized(model):
+    if copy is not None and quantized and not is_quantized(model) and spec.adapter_path is None:
         dequantized.save_copy(model, spec.path, copy)
     return LoadedModel(model=model, tokenizer=tokenizer, model_id=spec.model_id, path=spec.path)
 

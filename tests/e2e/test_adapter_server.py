@@ -94,6 +94,7 @@ def test_an_adapter_served_with_adapter_path_matches_mlx_lm_and_never_reads_the_
             ask(served, chat(), adapters=str(tmp_path / "another-adapter"))
     finally:
         served.close()
+    assert "(float32 copy of" in served.log()  # the base's float32 copy, the adapter over it
     assert answer == PHRASE == adapted(chat())  # the lesson, token for token as mlx-lm loads it
     assert control == CONTROL_ANSWER == adapted(chat(CONTROL))
     assert named == answer
