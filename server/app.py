@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import TypeVar
@@ -51,13 +51,13 @@ from server.config import Config
 from server.dispatch import OPENAI_ERRORS, dispatch
 from server.load_wait import loading_for_stream, stream_after_load
 from server.metrics import Metrics
-from server.model_context import NamedModel, engine_of, named, protocol_context
+from server.model_context import engine_of, protocol_context
 from server.model_routes import ModelRoutes
 from server.names import ServedNames
 from server.observe import record_of
 from server.page import Page
 from server.recent import RecentRequests
-from server.registry import Registry, Slot
+from server.registry import NamedModel, Registry, Slot
 from server.request_parts import betas, choices, nesting_bounded, principal
 from server.responses_socket import ResponsesSocket
 from server.routes import RouteTable
@@ -373,21 +373,9 @@ class App:
         validate_call(requests, slot.limits, names)
         return job, requests
 
-    @contextlib.asynccontextmanager
-    async def model_for(self, body: bytes) -> AsyncIterator[Slot]:
-        """The model a request body names (the one model on a one-model server), loaded, and
-        held while the request runs (never unloaded under it)."""
-        registry = self.registry
-        if registry.single:
-            yield registry.default
-            return
-        wanted = named(body)
-        slot = registry.resolve(wanted)
-        if slot is None:
-            raise ModelNotFound(registry.refusal(wanted or ""), param="model")
-        async with registry.use(slot):
-            await registry.ensure(slot)
-            yield slot
+    def model_for(self, body: bytes) -> contextlib.AbstractAsyncContextManager[Slot]:
+        """The model a body names, loaded and held while the request runs (Registry.picked)."""
+        return self.registry.picked(body)
 
     def _check_model(self, name: str, slot: Slot) -> None:
         if self.registry.single:

@@ -15,8 +15,7 @@ import msgspec
 from engine.errors import ServeError
 from protocols.contract import ErrorFormat, Message, Send
 from server.dispatch import send_error
-from server.model_context import named
-from server.registry import Registry, Slot
+from server.registry import Registry, Slot, named
 
 HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 

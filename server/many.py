@@ -14,7 +14,8 @@ from server.models_file import ModelEntry, all_entries
 
 if TYPE_CHECKING:
     from engine.host.client import EngineClient
-    from server.registry import Need, Registry
+    from server.budget import Need
+    from server.registry import Registry
 
 # The context a model's memory need counts KV for when neither the entry nor the model says less:
 # a load is admitted when its weights and one context of this many tokens fit.
@@ -63,7 +64,7 @@ def estimate(config: Config, entry: ModelEntry) -> Need | None:
     import mlx.core as mx
 
     from engine.model import fit
-    from server.registry import Need
+    from server.budget import Need
 
     path = model_path(entry.source)
     float32 = mx.default_device() == mx.cpu and config.dequantize != "never"

@@ -1,10 +1,7 @@
 """A model's protocol facts, built once per loaded engine and kept on its registry slot: the
-ProtocolContext (id, tokenizer, the server's defaults, context) and the validation limits; and
-the `model` a request body names, read apart from the rest."""
+ProtocolContext (id, tokenizer, the server's defaults, context) and the validation limits."""
 
 from __future__ import annotations
-
-import msgspec
 
 from engine.errors import EngineUnavailable
 from engine.host.client import EngineClient
@@ -46,20 +43,3 @@ def engine_of(slot: Slot) -> EngineClient:
     if engine is None:
         raise EngineUnavailable(f"model '{slot.name}' is not loaded; try again shortly")
     return engine
-
-
-class NamedModel(msgspec.Struct):
-    """The `model` a request body names, read apart from the rest."""
-
-    model: str | None = None
-    name: str | None = None
-
-
-def named(body: bytes) -> str | None:
-    """The `model` (Ollama's /api/show: `name`) a body names; None when it names none or is not
-    JSON (its parse then says what is wrong)."""
-    try:
-        found = msgspec.json.decode(body, type=NamedModel)
-    except msgspec.DecodeError:
-        return None
-    return found.model or found.name

@@ -19,21 +19,22 @@ import contextlib
 import fnmatch
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+import msgspec
 
 from engine.errors import EngineUnavailable, ServeError
 from engine.host.client import EngineClient, EngineState
 from engine.validation import Limits
-from protocols.contract import ProtocolContext
+from protocols.contract import ModelNotFound, ProtocolContext
+from server.budget import GIB, Need, Resident, allot, evictions
 from server.models_file import ModelEntry
 from server.names import GLOB_CHARS, ServedNames
 
 log = logging.getLogger("mlx_serve.models")
 DEFAULT_NAMES = ("", "default", "default_model")
 OLLAMA_TAG = ":latest"
-GIB = 2**30
 
 
 class NoRoom(EngineUnavailable):
@@ -46,46 +47,21 @@ class ModelDoesNotFit(ServeError):
     status = 503
 
 
-@dataclass(frozen=True, slots=True)
-class Need:
-    """A model's memory need from its files (engine.model.fit): weights, and KV for a context."""
+class NamedModel(msgspec.Struct):
+    """The `model` a request body names, read apart from the rest."""
 
-    weights_bytes: int
-    kv_bytes_per_token: int
-    context: int
-    max_position: int | None = None  # the context the model's config allows
-
-    @property
-    def nbytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes_per_token * self.context
+    model: str | None = None
+    name: str | None = None  # Ollama's /api/show spells it so too
 
 
-def allot(budget: int, need: int, free: int, models: int) -> int:
-    """The budget an engine is given: its need, or an even share of the budget when that is
-    more and free (so a second model still fits beside it), never more than is free."""
-    return min(free, max(need, budget // max(models, 1)))
-
-
-@dataclass(frozen=True, slots=True)
-class Resident:
-    """What eviction knows of a loaded model."""
-
-    name: str
-    nbytes: int
-    last_used: float
-    evictable: bool  # idle, not pinned, not loading
-
-
-def evictions(residents: Iterable[Resident], free: int, need: int) -> list[str] | None:
-    """The least recently used evictable models to unload so `need` bytes are free; [] when they
-    already are; None when unloading every evictable model would not free enough."""
-    chosen: list[str] = []
-    for r in sorted((r for r in residents if r.evictable), key=lambda r: r.last_used):
-        if free >= need:
-            break
-        chosen.append(r.name)
-        free += r.nbytes
-    return chosen if free >= need else None
+def named(body: bytes) -> str | None:
+    """The `model` a body names; None when it names none or is not JSON (its parse then says
+    what is wrong)."""
+    try:
+        found = msgspec.json.decode(body, type=NamedModel)
+    except msgspec.DecodeError:
+        return None
+    return found.model or found.name
 
 
 class Slot:
@@ -208,6 +184,21 @@ class Registry:
                     raise
                 # a model still loading may be unloaded once it is ready and idle: wait, try again
                 await asyncio.wait([asyncio.ensure_future(_settled(e)) for e in loading])
+
+    @contextlib.asynccontextmanager
+    async def picked(self, body: bytes) -> AsyncIterator[Slot]:
+        """The model a request body names (the one model on a one-model server: the body is not
+        read), loaded, and held while the request runs (never unloaded under it)."""
+        if self.single:
+            yield self.default
+            return
+        wanted = named(body)
+        slot = self.resolve(wanted)
+        if slot is None:
+            raise ModelNotFound(self.refusal(wanted or ""), param="model")
+        async with self.use(slot):
+            await self.ensure(slot)
+            yield slot
 
     @contextlib.asynccontextmanager
     async def use(self, slot: Slot) -> AsyncIterator[None]:

@@ -14,9 +14,10 @@ import orjson
 
 from engine.host.client import EngineClient
 from server.app import App
+from server.budget import Need
 from server.config import Config
 from server.models_file import ModelEntry
-from server.registry import Need, Registry, Slot
+from server.registry import Registry, Slot
 from tests.support.asgi import Reply, call, wait_until
 from tests.support.fake_engine import fake_engine
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from server.budget import Resident, allot, evictions
 from server.config import load_config
 from server.many import entry_config, is_many, model_entries
 from server.models_file import ModelEntry, ModelsFileError, read_models_file
-from server.registry import Registry, Resident, Slot, allot, evictions
+from server.registry import Registry, Slot
 
 MODELS_TOML = """
 [[models]]
