@@ -3,8 +3,8 @@
 `trained_adapter()` returns a folder in mlx-lm's adapter format (`adapter_config.json` and
 `adapters.safetensors`), the folder users pass to `--adapter-path` (or `--adapter NAME=PATH`)
 and that `mlx_lm.load(path, adapter_path=...)` reads. It is trained once, by
-`python -m mlx_lm lora` (QLoRA over the quantized folder our GGUF loader makes, as a user
-would run it), into the server's cache ($MLX_SERVE_CACHE, else ~/.cache/mlx-serve) under
+`python -m mlx_lm lora` (a data folder and a config file, as users run it), into the server's
+cache ($MLX_SERVE_CACHE, else ~/.cache/mlx-serve) under
 `lora/` in a folder keyed by everything that shapes it (the base folder, the data, the
 hyperparameters, the mlx and mlx-lm versions); later runs and other tests reuse it.
 
@@ -90,15 +90,14 @@ def base_model() -> Path:
 def _float32_copy(base: Path) -> Path:
     """The float32 copy of `base` the server keeps in the cache (made here if not yet)."""
     from mlx_lm import load
-    from mlx_lm.utils import dequantize_model
 
     from engine.model import dequantized
-    from engine.model.loader import cache_root
+    from engine.model.loader import cache_root, maybe_dequantize
 
     copy = dequantized.copy_folder(base, cache_root())
     if not copy.is_dir():
         model = load(str(base))[0]
-        dequantized.save_copy(dequantize_model(model), base, copy)
+        dequantized.save_copy(maybe_dequantize(model, "always"), base, copy)  # as the server writes it
     return copy
 
 
