@@ -11,7 +11,8 @@ from bench.machine import describe
 
 
 def test_every_named_benchmark_parses_the_shared_flags() -> None:
-    assert set(BENCHMARKS) == {"serve", "stream", "agent", "mixed", "speculation", "startup", "loop", "embed"}
+    named = {"serve", "stream", "agent", "mixed", "speculation", "startup", "loop", "embed", "models"}
+    assert set(BENCHMARKS) == named
     for name in BENCHMARKS:
         args = parser().parse_args(
             [name, "--model", "m", "--rounds", "4", "--clients", "1,16,64", "--json", "o.json"]
