@@ -287,3 +287,22 @@ def test_cache_miss_diagnostics_name_what_changed_and_the_log_says_so(
     assert reason.type == "system_changed" and reason.cache_missed_input_tokens > 0  # type: ignore[union-attr]
     [line] = [ln for ln in smollm_server.log().splitlines() if f"id={second.id} " in ln]
     assert "cache_miss_reason=system_changed" in line
+
+
+def test_a_streamed_turns_message_start_reports_the_prompt_the_cache_served(
+    client: anthropic.Anthropic,
+) -> None:
+    # Claude Code reads a turn's usage from message_start: a repeated long prompt (over a
+    # prefix-cache block) must be reported there as read from the cache, not only at the end.
+    long: Any = [{"role": "user", "content": "Name the rivers of Europe, one by one, with care. " * 60}]
+
+    def streamed() -> tuple[anthropic.types.Usage, anthropic.types.Usage]:
+        with client.messages.stream(model="claude-x", max_tokens=4, messages=long) as stream:
+            start = next(e for e in stream if e.type == "message_start").message.usage
+            return start, stream.get_final_message().usage
+
+    streamed()
+    start, final = streamed()
+    assert start.cache_read_input_tokens is not None and start.cache_read_input_tokens > 256
+    assert start.cache_read_input_tokens == final.cache_read_input_tokens  # the finish says the same
+    assert start.input_tokens == final.input_tokens and prompt_tokens(start) == prompt_tokens(final)
