@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.host.build import tool_call_parsers
+from server.models_file import ModelFlag
 
 SECONDS = 1.0
 KIB = 1 << 10
@@ -118,20 +119,6 @@ def _origins(text: str) -> list[str]:
     return [o.strip() for o in text.split(",") if o.strip()]
 
 
-class ModelFlag(argparse.Action):
-    """--model SOURCE (the one model) or --model NAME=SOURCE (one of several, repeatable)."""
-
-    def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
-    ) -> None:
-        from server.models_file import is_named
-
-        if is_named(str(values)):
-            namespace.named_models = [*getattr(namespace, "named_models", []), str(values)]
-        else:
-            namespace.model = values
-
-
 def package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -155,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--config", help="TOML file with any of these settings (flags win)")
     a(
         "--model",
-        action=ModelFlag,
+        action=ModelFlag,  # --model NAME=SOURCE is one of several
         help="model folder, Hugging Face repo id, or .gguf file (default: SmolLM2-135M-Instruct); "
         "repeat as --model NAME=SOURCE to serve several models by name (docs/many-models.md)",
     )
@@ -409,28 +396,19 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
 
 
 def _check_many(cfg: Config, parser: argparse.ArgumentParser) -> None:
+    from server.models_file import many_models_problem
+
+    problem = many_models_problem(
+        cfg.models_file, cfg.model, cfg.served_model_name, cfg.named_models, cfg.adapters, cfg.pin
+    )
     if cfg.idle_unload_s < 0:
-        parser.error("--idle-unload-s must be 0 (never) or more")
-    if not (cfg.models_file or cfg.named_models or cfg.adapters):
-        if cfg.pin:
-            parser.error("--pin names a model of --models or --model NAME=SOURCE")
-        return
-    if cfg.shard:
-        parser.error(
+        problem = "--idle-unload-s must be 0 (never) or more"
+    if cfg.shard and (cfg.models_file or cfg.named_models or cfg.adapters):
+        problem = (
             "--shard serves one model; it cannot be combined with several (--models, --model NAME=SOURCE)"
         )
-    if cfg.served_model_name and cfg.model is None:
-        parser.error(
-            "--served-model-name names the plain --model; with several models give `aliases` in --models"
-        )
-    from server.models_file import ModelsFileError, all_entries
-
-    try:
-        all_entries(
-            cfg.models_file, cfg.model, cfg.served_model_name, cfg.named_models, cfg.adapters, cfg.pin
-        )
-    except ModelsFileError as exc:
-        parser.error(str(exc))
+    if problem:
+        parser.error(problem)
 
 
 def _check_kv_bits(cfg: Config, parser: argparse.ArgumentParser) -> None:

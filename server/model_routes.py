@@ -96,7 +96,8 @@ class ModelRoutes:
                 with contextlib.suppress(Exception):
                     entry.update(await slot.engine.stats())
             out[slot.name] = entry
-        return {"models": out}
+        default = self.registry.default.engine  # the status page reads the default model's state
+        return {"state": default.state.value if default else "stopped", "models": out}
 
     # -- /v1/models -------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ The first entry is the default: a request without `model` (or with "default") ge
 
 from __future__ import annotations
 
+import argparse
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -173,3 +174,35 @@ def all_entries(
     elif not listed and not named_models:  # only --adapter: the default model is the base
         listed = [ModelEntry(name=served_id(None))]
     return with_adapters(entries_from_flags(named_models, listed, adapters, pinned))
+
+
+def many_models_problem(
+    models_file: str | None,
+    model: str | None,
+    served_model_name: list[str],
+    named_models: list[str],
+    adapters: list[str],
+    pinned: list[str],
+) -> str | None:
+    """What is wrong with the flags' models, said for the command line; None: nothing."""
+    if not (models_file or named_models or adapters):
+        return "--pin names a model of --models or --model NAME=SOURCE" if pinned else None
+    if served_model_name and model is None:
+        return "--served-model-name names the plain --model; with several models give `aliases` in --models"
+    try:
+        all_entries(models_file, model, served_model_name, named_models, adapters, pinned)
+    except ModelsFileError as exc:
+        return str(exc)
+    return None
+
+
+class ModelFlag(argparse.Action):
+    """--model SOURCE (the one model) or --model NAME=SOURCE (one of several, repeatable)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        if is_named(str(values)):
+            namespace.named_models = [*getattr(namespace, "named_models", []), str(values)]
+        else:
+            namespace.model = values
