@@ -16,6 +16,7 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import numpy as np
 import ollama
 import openai
 import orjson
@@ -42,9 +43,8 @@ def two(
         f'[[models]]\nname = "smol"\nsource = "{smollm_path}"\n'
         f'adapters = {{ lighthouse = "{lora_fixture.trained_adapter()}" }}\n'
     )
-    server = ServerProcess(
-        ["--models", str(models), "--model", f"tiny={tiny_path}"], folder / "log", bare=True
-    )
+    args = ["--models", str(models), "--model", f"tiny={tiny_path}", "--model", "minilm=all-minilm-l6-v2"]
+    server = ServerProcess(args, folder / "log", bare=True)
     yield server
     server.close()
 
@@ -75,12 +75,14 @@ def test_two_models_answer_at_once_on_every_sdk(two: ServerProcess) -> None:
     chat = local.chat(model="tiny:latest", messages=QUESTION, options={"temperature": 0, "num_predict": 12})
     assert chat.message.content == tiny_text
     assert ask(two, "default").startswith(PARIS)  # no name: the first model
-    with pytest.raises(openai.NotFoundError, match="use one of: smol, smol:lighthouse, tiny") as refused:
+    with pytest.raises(
+        openai.NotFoundError, match="use one of: smol, smol:lighthouse, tiny, minilm"
+    ) as refused:
         ask(two, "gpt-4")
     assert refused.value.code == "model_not_found"
     listed = openai.OpenAI(base_url=two.url + "/v1", api_key="unused").models.list()
     states = {m.id: m.model_extra["state"] for m in listed.data}  # type: ignore[index]
-    assert states == {"smol": "loaded", "smol:lighthouse": "unloaded", "tiny": "loaded"}
+    assert states == {"smol": "loaded", "smol:lighthouse": "unloaded", "tiny": "loaded", "minilm": "unloaded"}
     assert [m["name"] for m in local.ps().model_dump()["models"]] == ["smol:latest", "tiny:latest"]
 
 
@@ -95,6 +97,20 @@ def test_base_colon_adapter_serves_the_base_with_that_lora_adapter(two: ServerPr
     assert answer("smol:lighthouse", lora_fixture.QUESTION).startswith(lora_fixture.PHRASE)
     assert not answer("smol", lora_fixture.QUESTION).startswith(lora_fixture.PHRASE)
     assert answer("smol:lighthouse", lora_fixture.CONTROL).startswith(PARIS)
+
+
+def test_an_embedding_model_beside_the_chat_models(two: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=two.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    texts = ["A man is eating food.", "The new movie is awesome"]
+    vectors = client.embeddings.create(model="minilm", input=texts)
+    assert [len(d.embedding) for d in vectors.data] == [384, 384] and vectors.model == "minilm"
+    ollama_vectors = ollama.Client(host=two.url).embed(model="minilm", input=texts).embeddings
+    assert np.allclose(ollama_vectors, [d.embedding for d in vectors.data], atol=1e-5)
+    with pytest.raises(openai.BadRequestError, match="embedding model"):
+        ask(two, "minilm")
+    with pytest.raises(openai.BadRequestError, match="generates text"):
+        client.embeddings.create(model="smol", input=texts)
+    assert ask(two, "smol").startswith(PARIS)
 
 
 def _stream(server: ServerProcess, model: str, out: list[str]) -> None:
