@@ -130,6 +130,7 @@ class Registry:
             self._index(slot)
         self.watchers: list[asyncio.Queue[dict[str, Any]]] = []
         self._sweeper: asyncio.Task[None] | None = None
+        self._progress: LoaderProgress | None = None
 
     def _index(self, slot: Slot) -> None:
         e = slot.entry
@@ -304,10 +305,14 @@ class Registry:
                 except ServeError as exc:
                     log.error("model %s is not loaded at start: %s", slot.name, exc)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        self._progress = LoaderProgress(self, asyncio.get_running_loop())
+        logging.getLogger(LOADER_LOG).addHandler(self._progress)
 
     def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._progress is not None:
+            logging.getLogger(LOADER_LOG).removeHandler(self._progress)
         for slot in self.slots.values():
             if slot.engine is not None:
                 slot.engine.stop()
@@ -342,10 +347,35 @@ class Registry:
 
     # -- progress ----------------------------------------------------------------------------
 
+    def loading_progress(self, status: str, detail: str) -> None:
+        """A fetching or converting step of the loads under way (the loader does not say whose)."""
+        for slot in self.slots.values():
+            if slot.state == "loading":
+                self.publish(slot, status, detail=detail)
+
     def publish(self, slot: Slot, status: str, **extra: Any) -> None:
         event = {"model": slot.name, "status": status, **extra}
         for queue in self.watchers:
             queue.put_nowait(event)
+
+
+LOADER_LOG = "mlx_serve.loader"  # engine.model.loader's progress lines
+PROGRESS = {"fetch": "fetching", "join": "fetching", "assembl": "fetching", "convert": "converting"}
+
+
+class LoaderProgress(logging.Handler):
+    """The model loader's progress lines (fetching slice packages, joining, converting a GGUF)
+    as `fetching` and `converting` events of the model loading, from whichever thread logs."""
+
+    def __init__(self, registry: Registry, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(logging.INFO)
+        self.registry, self.loop = registry, loop
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        status = next((s for prefix, s in PROGRESS.items() if message.startswith(prefix)), None)
+        if status is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.registry.loading_progress, status, message)
 
 
 async def _settled(engine: EngineClient) -> None:

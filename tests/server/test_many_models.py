@@ -5,6 +5,7 @@ model, never one with requests in flight or a pinned one, idle unload, and the a
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -224,7 +225,7 @@ def test_admin_load_unload_and_progress_events() -> None:
     app, _ = many(TWO)
 
     async def test(app: App) -> None:
-        events = asyncio.create_task(call(app, "GET", "/models/sse", disconnect_after_chunks=5))
+        events = asyncio.create_task(call(app, "GET", "/models/sse", disconnect_after_s=2))
         await wait_until(lambda: len(app.registry.watchers) == 1)
         loaded = await call(app, "POST", "/models/load", b'{"model": "beta"}')
         assert loaded.status == 200 and loaded.json()["success"] is True
@@ -274,3 +275,34 @@ def test_a_model_that_fails_to_load_is_an_error_event_on_a_stream_and_a_503_with
         assert text(await call(app, "POST", "/v1/chat/completions", chat("alpha"))) == "I am alpha."
 
     run(app, test)
+
+
+def test_the_loaders_fetching_and_converting_lines_are_progress_events() -> None:
+    gate = threading.Event()
+    app, _ = many(TWO, gate=gate)
+    loader = logging.getLogger("mlx_serve.loader")
+    level = loader.level
+    loader.setLevel(logging.INFO)
+
+    async def test(app: App) -> None:
+        await app.registry.ensure(app.registry.default)
+        events = asyncio.create_task(call(app, "GET", "/models/sse", disconnect_after_s=2))
+        await wait_until(lambda: len(app.registry.watchers) == 1)
+        assert (await call(app, "POST", "/models/load", b'{"model": "beta"}')).status == 200
+        said = threading.Thread(target=loader.info, args=("converting beta.gguf to MLX in /cache",))
+        said.start()
+        said.join()
+        await asyncio.sleep(0.1)  # the line reaches the loop, then the load may end
+        gate.set()
+        seen = [orjson.loads(d) for d in (await events).sse_data()]
+        assert {
+            "model": "beta",
+            "status": "converting",
+            "detail": "converting beta.gguf to MLX in /cache",
+        } in seen
+        assert [e["status"] for e in seen if e["model"] == "beta"][-1] == "ready"
+
+    try:
+        run(app, test)
+    finally:
+        loader.setLevel(level)
