@@ -16,9 +16,11 @@ import orjson
 from engine.host.client import EngineClient
 from server.app import App
 from server.budget import Need
+from server.cli import serving_stack
 from server.config import Config
 from server.models_file import ModelEntry
 from server.registry import Registry, Slot
+from server.shutdown import Drain
 from tests.support.asgi import Reply, call, wait_until
 from tests.support.fake_engine import fake_engine
 
@@ -306,3 +308,18 @@ def test_the_loaders_fetching_and_converting_lines_are_progress_events() -> None
         run(app, test)
     finally:
         loader.setLevel(level)
+
+
+def test_the_admin_api_is_behind_the_api_key() -> None:
+    app, _ = many(TWO)
+    app.config.api_key = "k"
+    stack, _ = serving_stack(app, app.config, Drain())
+
+    async def test(app: App) -> None:
+        for method, path in (("GET", "/models"), ("POST", "/models/load"), ("POST", "/models/unload")):
+            assert (await call(stack, method, path, b'{"model": "beta"}')).status == 401
+        assert (await call(stack, "GET", "/models", headers=[KEY])).status == 200
+        assert (await call(stack, "GET", "/health")).status == 200  # /health stays open
+        assert app.registry.slots["beta"].state == "unloaded"
+
+    run(app, test)
