@@ -163,14 +163,16 @@ def all_entries(
     adapters: list[str],
     pinned: list[str],
 ) -> list[ModelEntry]:
-    """The models file's entries (a plain --model first, named by its first --served-model-name
-    or its id), then each --model NAME=SOURCE; then every `base:adapter` variant."""
+    """The models file's entries (a plain --model first, its --served-model-name its name and
+    aliases), then each --model NAME=SOURCE; then every `base:adapter` variant."""
     from engine.model.loader import served_id
 
     listed = read_models_file(Path(models_file)) if models_file else []
-    if model is not None:
-        name = served_model_name[0] if served_model_name else served_id(model)
-        listed = [ModelEntry(name=name, source=model, aliases=tuple(served_model_name[1:])), *listed]
+    if model is not None:  # named by its first --served-model-name that is not a glob, else its id
+        plain = [n for n in served_model_name if not set("*?[") & set(n)]
+        name = plain[0] if plain else served_id(model)
+        aliases = tuple(n for n in served_model_name if n != name)
+        listed = [ModelEntry(name=name, source=model, aliases=aliases), *listed]
     elif not listed and not named_models:  # only --adapter: the default model is the base
         listed = [ModelEntry(name=served_id(None))]
     return with_adapters(entries_from_flags(named_models, listed, adapters, pinned))

@@ -139,3 +139,21 @@ def test_the_least_recently_used_idle_models_go_first() -> None:
     assert evictions(residents, free=100, need=300) == ["old"]
     assert evictions(residents, free=100, need=800) == ["old", "new"]
     assert evictions(residents, free=100, need=1000) is None  # the busy one is never chosen
+
+
+def test_a_plain_model_beside_adapters_keeps_its_served_names() -> None:
+    config = load_config(
+        [
+            "--model",
+            "/m/smol",
+            "--served-model-name",
+            "claude-*",
+            "--served-model-name",
+            "smol",
+            "--adapter",
+            "a=/ad",
+        ]
+    )
+    base, variant = model_entries(config)
+    assert (base.name, base.source, base.aliases) == ("smol", "/m/smol", ("claude-*",))
+    assert (variant.name, variant.adapter_path) == ("smol:a", "/ad")
