@@ -219,7 +219,7 @@ class Registry:
         if slot.engine is not None:  # failed or stopped: a fresh engine
             slot.engine.stop()
             slot.engine = None
-        need = self.need_of(slot)
+        need = self.need_of(slot) or self.budget // len(self.slots)  # not known: an even share
         self._make_room(slot, need)
         share = allot(self.budget, need, self.free(), len(self.slots))
         engine = self._make(slot.entry, share or None)

@@ -323,3 +323,14 @@ def test_the_admin_api_is_behind_the_api_key() -> None:
         assert app.registry.slots["beta"].state == "unloaded"
 
     run(app, test)
+
+
+def test_a_model_of_unknown_need_takes_an_even_share() -> None:
+    app, _ = many([*TWO, ModelEntry(name="gamma")], budget=3 * GIB, need=0)
+
+    async def test(app: App) -> None:
+        for name in ("alpha", "beta", "gamma"):
+            await app.registry.ensure(app.registry.slots[name])
+        assert [s.allotted for s in app.registry.slots.values()] == [GIB, GIB, GIB]
+
+    run(app, test)
