@@ -306,16 +306,18 @@ class App:
 
         return handle
 
-    async def prepare(self, fmt: WireFormat, body: bytes, ctx: ProtocolContext) -> tuple[Job, list[Request]]:
+    async def prepare(
+        self, fmt: WireFormat, body: bytes, ctx: ProtocolContext, slot: Slot | None = None
+    ) -> tuple[Job, list[Request]]:
         """A Responses turn on a WebSocket: its job and engine requests, checked as over HTTP."""
-        slot = self.registry.default  # a socket's turns go to the default model
+        slot = slot or self.registry.default
         job, requests = await asyncio.to_thread(self._parse, fmt, RESPONSES_NAMES, body, ctx, slot)
         self._check_model(job.model, slot)
-        await self.engine.check_grammars(requests)
+        await engine_of(slot).check_grammars(requests)
         return job, requests
 
-    def submit(self, requests: list[Request]) -> EventStream:
-        return self.engine.submit(requests)
+    def submit(self, requests: list[Request], slot: Slot | None = None) -> EventStream:
+        return engine_of(slot or self.registry.default).submit(requests)
 
     async def read_body(self, scope: Scope, receive: Receive) -> bytes:
         return await read_body(scope, receive, self.config.max_body_bytes, self.config.body_timeout_s)

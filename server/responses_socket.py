@@ -39,6 +39,7 @@ from protocols.contract import (
 )
 from protocols.openai_responses import OpenAIResponses
 from server.observe import RequestRecord, report_turn, socket_turn
+from server.registry import Slot
 from server.writer import send_websocket, stream_websocket
 
 CREATE = "response.create"
@@ -50,11 +51,12 @@ TRANSPORT_ONLY = ("stream", "background")
 class Generator(Protocol):
     """What a socket needs of the app: the same preparation and engine as HTTP's route."""
 
-    def context(self, scope: Scope | None = None) -> ProtocolContext: ...
+    def model_for(self, body: bytes) -> contextlib.AbstractAsyncContextManager[Slot]: ...
+    def context(self, scope: Scope | None = None, slot: Slot | None = None) -> ProtocolContext: ...
     async def prepare(
-        self, fmt: WireFormat, body: bytes, ctx: ProtocolContext
+        self, fmt: WireFormat, body: bytes, ctx: ProtocolContext, slot: Slot | None = None
     ) -> tuple[Job, list[Request]]: ...
-    def submit(self, requests: list[Request]) -> EventStream: ...
+    def submit(self, requests: list[Request], slot: Slot | None = None) -> EventStream: ...
 
 
 class Inbox:
@@ -170,23 +172,25 @@ class ResponsesSocket:
     async def turn(
         self, scope: Scope, payload: str | bytes, send: Send, inbox: Inbox, record: RequestRecord
     ) -> None:
-        try:
-            ctx = self.app.context(scope)
-            turn = turn_of(payload)
-            job, requests = await self.app.prepare(self.fmt, turn.body, ctx)
-            record.fields += job.log_fields
-            if not turn.generate:
-                record.id, record.status = job.request.id, 200
-                await send_websocket(send, _without_output(self.fmt.renderer(job, ctx), job))
+        async with contextlib.AsyncExitStack() as held:  # the turn's model, held until it ends
+            try:
+                turn = turn_of(payload)
+                slot = await held.enter_async_context(self.app.model_for(turn.body))
+                ctx = self.app.context(scope, slot)
+                job, requests = await self.app.prepare(self.fmt, turn.body, ctx, slot)
+                record.fields += job.log_fields
+                if not turn.generate:
+                    record.id, record.status = job.request.id, 200
+                    await send_websocket(send, _without_output(self.fmt.renderer(job, ctx), job))
+                    return
+                stream = record.track(self.app.submit(requests, slot))
+            except ServeError as exc:
+                record.refused(exc)
+                record.status = exc.status
+                await send_websocket_event(send, error_event(self.fmt, exc))
                 return
-            stream = record.track(self.app.submit(requests))
-        except ServeError as exc:
-            record.refused(exc)
-            record.status = exc.status
-            await send_websocket_event(send, error_event(self.fmt, exc))
-            return
-        record.status = 200
-        await stream_websocket(send, stream, self.fmt.renderer(job, ctx), inbox.gone)
+            record.status = 200
+            await stream_websocket(send, stream, self.fmt.renderer(job, ctx), inbox.gone)
 
 
 def _without_output(renderer: StreamRenderer, job: Job) -> Frames:

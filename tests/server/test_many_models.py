@@ -334,3 +334,36 @@ def test_a_model_of_unknown_need_takes_an_even_share() -> None:
         assert [s.allotted for s in app.registry.slots.values()] == [GIB, GIB, GIB]
 
     run(app, test)
+
+
+async def socket_turn(app: App, message: dict[str, Any]) -> list[dict[str, Any]]:
+    """One Responses turn over a WebSocket: the events it sends back."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    inbox.put_nowait({"type": "websocket.connect"})
+    inbox.put_nowait({"type": "websocket.receive", "text": orjson.dumps(message).decode()})
+    out: list[dict[str, Any]] = []
+
+    async def send(sent: dict[str, Any]) -> None:
+        if sent["type"] == "websocket.send":
+            out.append(orjson.loads(sent["text"]))
+            if out[-1]["type"] in ("response.completed", "error"):
+                inbox.put_nowait({"type": "websocket.disconnect", "code": 1000})
+
+    scope = {"type": "websocket", "path": "/v1/responses", "headers": [], "query_string": b""}
+    await asyncio.wait_for(app(scope, inbox.get, send), 10)
+    return out
+
+
+def test_a_responses_socket_turn_goes_to_the_model_it_names() -> None:
+    app, _ = many(TWO)
+
+    async def test(app: App) -> None:
+        turn = {"type": "response.create", "model": "beta", "input": "hi", "max_output_tokens": 20}
+        events = await socket_turn(app, turn)
+        done = events[-1]
+        assert done["type"] == "response.completed" and done["response"]["model"] == "beta"
+        assert done["response"]["output"][0]["content"][0]["text"] == "I am beta."
+        refused = await socket_turn(app, {**turn, "model": "gpt-4"})
+        assert refused[-1]["type"] == "error" and refused[-1]["status"] == 404
+
+    run(app, test)
