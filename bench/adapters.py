@@ -151,7 +151,7 @@ def decode_steps(base: Path, adapter: str, batches: list[int], steps: int = 60) 
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     models = {
         label: maybe_dequantize(load(str(base), adapter_path=path)[0])

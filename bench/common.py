@@ -53,7 +53,7 @@ def add_common(
 def reexec_with_openblas(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """On a Linux CPU, run the whole bench (and so every process it starts) on OpenBLAS, as
     mlx-serve chooses for itself: every contestant then runs on the same BLAS."""
-    from engine.model.blas import find_openblas
+    from mlx_serve.engine.model.blas import find_openblas
 
     if args.bundled_blas or os.environ.get(BLAS_MARK) or "mlx.core" in sys.modules:
         return
@@ -72,7 +72,7 @@ def model_folder(spec: str | None) -> Path:
     that all run the same weights."""
     import mlx.core as mx
 
-    from engine.model import dequantized, loader
+    from mlx_serve.engine.model import dequantized, loader
 
     path, _ = loader.resolve(spec)
     if mx.default_device() != mx.cpu or "quantization" not in (path / "config.json").read_text():
@@ -129,8 +129,8 @@ def load_as_served(path: Path) -> tuple[Any, Any]:
     (engine.model.backend) and its weight dtype (engine.model.loader.maybe_dequantize)."""
     from mlx_lm import load
 
-    from engine.model.backend import prefer_shape_free_attention
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.backend import prefer_shape_free_attention
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     prefer_shape_free_attention()
     model, tokenizer = load(str(path))[:2]

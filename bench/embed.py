@@ -43,9 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def direct_rate(model_name: str, items: list[str], batch: int, rounds: int) -> float:
     """Inputs per second through engine.encoder in this process: tokenize, forward, pool."""
-    from engine.encoder.loader import load_encoder
-    from engine.encoder.pooling import finish
-    from engine.encoder.runner import pooled
+    from mlx_serve.engine.encoder.loader import load_encoder
+    from mlx_serve.engine.encoder.pooling import finish
+    from mlx_serve.engine.encoder.runner import pooled
 
     model = load_encoder(model_name)
 
@@ -128,7 +128,7 @@ def _on_openblas(args: argparse.Namespace, argv: list[str]) -> None:
     import os
 
     from bench.common import BLAS_MARK
-    from engine.model.blas import find_openblas
+    from mlx_serve.engine.model.blas import find_openblas
 
     lib = find_openblas() if sys.platform.startswith("linux") and not args.bundled_blas else None
     if lib is None or os.environ.get(BLAS_MARK) or lib in os.environ.get("LD_PRELOAD", ""):

@@ -58,7 +58,7 @@ def memory_gib() -> float:
 
 def blas() -> str:
     """The BLAS this process's MLX runs on (the bench starts every contestant with the same)."""
-    from engine.model.blas import blas_in_use
+    from mlx_serve.engine.model.blas import blas_in_use
 
     return blas_in_use() if platform.system() != "Darwin" else "Accelerate"
 

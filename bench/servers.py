@@ -61,14 +61,14 @@ def free_port() -> int:
 def server_argv(name: str, model_dir: Path, port: int, extra: list[str]) -> list[str]:
     common = ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
     if name == "mlx-serve":
-        return [sys.executable, "-m", "server", *common, *extra]
+        return [sys.executable, "-m", "mlx_serve", *common, *extra]
     if name == "mlx_lm":
         return [sys.executable, "-m", "mlx_lm", "server", *common, *extra]
     raise ValueError(f"unknown server {name!r}; choose from {SERVER_NAMES}")
 
 
 def server_cwd(name: str, log_dir: Path) -> Path:
-    # mlx-serve runs from the repo root (`python -m server`); mlx_lm from a neutral folder so the
+    # mlx-serve runs from the repo root (`python -m mlx_serve`); mlx_lm from a neutral folder so the
     # repo's top-level packages cannot shadow anything it imports.
     return REPO_ROOT if name == "mlx-serve" else log_dir
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.batch.runner import BatchRunner
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.speculation.rows import Speculation
-from engine.types import Request, SamplingParams
+from mlx_serve.engine.batch.runner import BatchRunner
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.speculation.rows import Speculation
+from mlx_serve.engine.types import Request, SamplingParams
 
 FILES = (
     (

@@ -14,8 +14,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
-from engine.errors import InvalidRequest
-from engine.types import Request, SamplingParams
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.types import Request, SamplingParams
 
 SEED_LIMIT = 1 << 64  # mx.random.key takes a uint64
 MAX_CHOICES = 16

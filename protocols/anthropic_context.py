@@ -23,8 +23,8 @@ from typing import Any
 
 from msgspec import structs
 
-from engine.errors import InvalidRequest
-from protocols.anthropic_request import (
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.protocols.anthropic_request import (
     ClearThinking,
     ClearToolUses,
     Compact,

@@ -30,8 +30,8 @@ from typing import Any
 
 import msgspec
 
-from engine.types import CacheMiss, Usage
-from protocols.anthropic_request import PromptBody
+from mlx_serve.engine.types import CacheMiss, Usage
+from mlx_serve.protocols.anthropic_request import PromptBody
 
 BETA = "cache-diagnosis-2026-04-07"
 KEPT = 1024  # prints kept, oldest first out (each is a few hundred bytes)

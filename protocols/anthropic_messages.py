@@ -15,15 +15,15 @@ from typing import Any
 import msgspec
 import orjson
 
-from engine.errors import InvalidRequest, ServeError
-from engine.types import Request
-from protocols import anthropic_diagnostics as diagnostics
-from protocols import conversation as conv
-from protocols import openai_common as common
-from protocols import reasoning, structured
-from protocols.anthropic_diagnostics import CacheDiagnoser, Diagnosis
-from protocols.anthropic_prompt import render, system_text, thinking_enabled
-from protocols.anthropic_request import (
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.engine.types import Request
+from mlx_serve.protocols import anthropic_diagnostics as diagnostics
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols import reasoning, structured
+from mlx_serve.protocols.anthropic_diagnostics import CacheDiagnoser, Diagnosis
+from mlx_serve.protocols.anthropic_prompt import render, system_text, thinking_enabled
+from mlx_serve.protocols.anthropic_request import (
     COUNT_DECODER,
     MESSAGES_DECODER,
     Display,
@@ -36,7 +36,7 @@ from protocols.anthropic_request import (
     ToolChoiceAny,
     ToolChoiceTool,
 )
-from protocols.anthropic_stream import (
+from mlx_serve.protocols.anthropic_stream import (
     MessagesJob,
     MessageStream,
     error_body,
@@ -46,8 +46,8 @@ from protocols.anthropic_stream import (
     tool_use_id,
     usage_json,
 )
-from protocols.anthropic_threads import ThreadStore, ThreadTurn
-from protocols.contract import Job, ProtocolContext, Result
+from mlx_serve.protocols.anthropic_threads import ThreadStore, ThreadTurn
+from mlx_serve.protocols.contract import Job, ProtocolContext, Result
 
 __all__ = ["FORMAT", "MessagesJob", "count_tokens", "error_body", "error_json", "parse_body"]
 __all__ += ["render", "stop_reason", "tool_use_id", "usage_json"]

@@ -17,11 +17,11 @@ from typing import Any
 
 import orjson
 
-from engine.errors import InvalidRequest
-from protocols import anthropic_context
-from protocols import conversation as conv
-from protocols import openai_common as common
-from protocols.anthropic_request import (
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.protocols import anthropic_context
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols.anthropic_request import (
     ContentBlock,
     DocumentBlock,
     ImageBlock,
@@ -38,8 +38,8 @@ from protocols.anthropic_request import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from protocols.contract import ProtocolContext
-from protocols.conversation import TemplateConversation
+from mlx_serve.protocols.contract import ProtocolContext
+from mlx_serve.protocols.conversation import TemplateConversation
 
 # Claude Code's first system block: its version (with a per-build suffix) and entry point, and
 # in some versions a `cch=` value that changes per request. Anthropic does not show it to the

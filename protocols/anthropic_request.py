@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from protocols import openai_common as common
+from mlx_serve.protocols import openai_common as common
 
 Count = Annotated[int, Meta(ge=0)]
 

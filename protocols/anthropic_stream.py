@@ -8,9 +8,9 @@ from typing import Any
 
 import orjson
 
-from engine.errors import EngineFailed, ServeError
-from engine.tools.json_scan import partial_value
-from engine.types import (
+from mlx_serve.engine.errors import EngineFailed, ServeError
+from mlx_serve.engine.tools.json_scan import partial_value
+from mlx_serve.engine.types import (
     Admitted,
     Delta,
     Finished,
@@ -20,10 +20,10 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols import openai_render as render
-from protocols.anthropic_diagnostics import PENDING, Diagnosis
-from protocols.anthropic_threads import ThreadTurn
-from protocols.contract import Frame, Frames, Job, Result, SseEvent, ToolCall
+from mlx_serve.protocols import openai_render as render
+from mlx_serve.protocols.anthropic_diagnostics import PENDING, Diagnosis
+from mlx_serve.protocols.anthropic_threads import ThreadTurn
+from mlx_serve.protocols.contract import Frame, Frames, Job, Result, SseEvent, ToolCall
 
 TOOL_ID_PREFIX = "toolu_"
 

@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 from msgspec import Struct, structs
 
-from engine.errors import InvalidRequest
-from protocols.anthropic_request import (
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.protocols.anthropic_request import (
     ContentBlock,
     InputMessage,
     PromptBody,
@@ -28,8 +28,8 @@ from protocols.anthropic_request import (
     ThreadCreate,
     Tool,
 )
-from protocols.contract import NotFound
-from protocols.responses_store import ResponsesStore
+from mlx_serve.protocols.contract import NotFound
+from mlx_serve.protocols.responses_store import ResponsesStore
 
 CREATE_ONLY = ("system", "tools")
 CONTINUED_KEPT = 4096  # continued reply ids remembered, to tell "already continued" from "gone"

@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from engine.errors import ServeError
-from engine.model.facts import ModelFacts
-from engine.model.tokenizer import ChatTokenizer
-from engine.types import (
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.engine.model.facts import ModelFacts
+from mlx_serve.engine.model.tokenizer import ChatTokenizer
+from mlx_serve.engine.types import (
     Admitted,
     Delta,
     EngineTimings,

@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from engine.errors import InvalidRequest
-from engine.types import SamplingParams
-from protocols.contract import ProtocolContext
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.types import SamplingParams
+from mlx_serve.protocols.contract import ProtocolContext
 
 TEXT_SEPARATOR = "\n\n"
 

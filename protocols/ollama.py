@@ -19,14 +19,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from engine.errors import InvalidRequest, ServeError
-from engine.types import Request
-from protocols import conversation as conv
-from protocols import ollama_render as render
-from protocols import openai_common as common
-from protocols import structured
-from protocols.contract import Framing, Job, ProtocolContext, Result
-from protocols.ollama_render import OllamaJob
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.engine.types import Request
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols import ollama_render as render
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols import structured
+from mlx_serve.protocols.contract import Framing, Job, ProtocolContext, Result
+from mlx_serve.protocols.ollama_render import OllamaJob
 
 ID_PREFIX = "ollama"
 LATEST = ":latest"

@@ -16,12 +16,12 @@ import msgspec
 import orjson
 from msgspec import Meta, Struct
 
-from engine.errors import InvalidRequest
-from engine.host.client import Embeddings
-from protocols import conversation as conv
-from protocols import openai_common as common
-from protocols.ollama_render import NANOS
-from protocols.openai_embeddings import MAX_INPUTS, EmbedJob
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.host.client import Embeddings
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols.ollama_render import NANOS
+from mlx_serve.protocols.openai_embeddings import MAX_INPUTS, EmbedJob
 
 LATEST = ":latest"
 

@@ -21,11 +21,11 @@ import msgspec
 import orjson
 from msgspec import Struct
 
-from engine.errors import InvalidRequest, ServeError
-from engine.model.facts import ModelFacts
-from protocols import openai_common as common
-from protocols.contract import NotFound, ProtocolContext
-from protocols.ollama_render import created_at, error_body
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.engine.model.facts import ModelFacts
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols.contract import NotFound, ProtocolContext
+from mlx_serve.protocols.ollama_render import created_at, error_body
 
 # The Ollama release whose API this server follows (clients gate features on it).
 OLLAMA_VERSION = "0.12.6"

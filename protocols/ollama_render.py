@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from engine.errors import ServeError
-from engine.types import (
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.engine.types import (
     Admitted,
     Delta,
     EngineTimings,
@@ -31,7 +31,7 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols.contract import Frame, Frames, Job, JsonLine, ProtocolContext, Result, ToolCall
+from mlx_serve.protocols.contract import Frame, Frames, Job, JsonLine, ProtocolContext, Result, ToolCall
 
 NANOS = 1_000_000_000
 

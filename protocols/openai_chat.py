@@ -12,8 +12,8 @@ import msgspec
 import orjson
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from engine.errors import InvalidRequest, ServeError
-from engine.types import (
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.engine.types import (
     Admitted,
     Delta,
     Finished,
@@ -23,11 +23,11 @@ from engine.types import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
-from protocols import conversation as conv
-from protocols import openai_common as common
-from protocols import openai_render as render
-from protocols import reasoning, structured
-from protocols.contract import Frames, Job, ProtocolContext, Result
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols import openai_render as render
+from mlx_serve.protocols import reasoning, structured
+from mlx_serve.protocols.contract import Frames, Job, ProtocolContext, Result
 
 OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"

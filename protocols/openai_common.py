@@ -15,15 +15,15 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import Meta, Struct
 
-from engine.errors import InvalidRequest
-from engine.types import Request, SamplingParams
-from protocols import structured
-from protocols.contract import (
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.types import Request, SamplingParams
+from mlx_serve.protocols import structured
+from mlx_serve.protocols.contract import (
     Job,
     ProtocolContext,
 )
-from protocols.conversation import warning
-from protocols.reasoning import ThinkingBudget
+from mlx_serve.protocols.conversation import warning
+from mlx_serve.protocols.reasoning import ThinkingBudget
 
 MAX_CHOICES = 16
 MAX_STOP_STRINGS = 16

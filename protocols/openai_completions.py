@@ -19,13 +19,13 @@ import msgspec
 import orjson
 from msgspec import Meta
 
-from engine.errors import InvalidRequest, ServeError
-from engine.model.tokenizer import ChatTokenizer
-from engine.types import Admitted, Delta, Finished, TextDelta, TokenLogprob
-from protocols import openai_common as common
-from protocols import openai_render as render
-from protocols import reasoning
-from protocols.contract import Frames, Job, ProtocolContext, Result
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.engine.model.tokenizer import ChatTokenizer
+from mlx_serve.engine.types import Admitted, Delta, Finished, TextDelta, TokenLogprob
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols import openai_render as render
+from mlx_serve.protocols import reasoning
+from mlx_serve.protocols.contract import Frames, Job, ProtocolContext, Result
 
 OBJECT = "text_completion"
 ID_PREFIX = "cmpl"

@@ -17,10 +17,10 @@ import numpy as np
 import orjson
 from msgspec import Meta
 
-from engine.errors import InvalidRequest
-from engine.host.client import Embeddings
-from engine.types import EmbedInput
-from protocols import openai_common as common
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.host.client import Embeddings
+from mlx_serve.engine.types import EmbedInput
+from mlx_serve.protocols import openai_common as common
 
 MAX_INPUTS = 2048  # OpenAI's bound on inputs in one call
 SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"

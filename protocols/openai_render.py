@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from engine.errors import ContextTooLong, InvalidRequest, QueueFull, ServeError
-from engine.types import TokenLogprob, Usage
-from protocols.contract import (
+from mlx_serve.engine.errors import ContextTooLong, InvalidRequest, QueueFull, ServeError
+from mlx_serve.engine.types import TokenLogprob, Usage
+from mlx_serve.protocols.contract import (
     KEEP_ALIVE,
     Frame,
     Frames,

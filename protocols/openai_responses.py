@@ -19,15 +19,15 @@ from urllib.parse import parse_qs
 import msgspec
 import orjson
 
-from engine.errors import InvalidRequest, ServeError
-from engine.types import Request
-from protocols import conversation as conv
-from protocols import openai_common as common
-from protocols import openai_render as render
-from protocols import reasoning as thinking_control
-from protocols.contract import Job, NotFound, ProtocolContext, Result
-from protocols.responses_compact import COMPACT_DECODER, CompactJob, compact_job, compacted
-from protocols.responses_input import (
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.engine.types import Request
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols import openai_render as render
+from mlx_serve.protocols import reasoning as thinking_control
+from mlx_serve.protocols.contract import Job, NotFound, ProtocolContext, Result
+from mlx_serve.protocols.responses_compact import COMPACT_DECODER, CompactJob, compact_job, compacted
+from mlx_serve.protocols.responses_input import (
     AnyItem,
     InputItem,
     ItemReference,
@@ -35,14 +35,14 @@ from protocols.responses_input import (
     input_items,
     template_messages,
 )
-from protocols.responses_output import (
+from mlx_serve.protocols.responses_output import (
     ResponsesJob,
     ResponseStream,
     finished_status,
     output_items,
     response_json,
 )
-from protocols.responses_request import (
+from mlx_serve.protocols.responses_request import (
     RESPONSES_DECODER,
     answer_grammar,
     check_supported,
@@ -50,8 +50,8 @@ from protocols.responses_request import (
     sampling_params,
     tool_choice,
 )
-from protocols.responses_store import ResponsesStore
-from protocols.responses_tools import toolset
+from mlx_serve.protocols.responses_store import ResponsesStore
+from mlx_serve.protocols.responses_tools import toolset
 
 __all__ = ["OpenAIResponses", "ResponsesJob", "ResponsesStore", "error_body"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from protocols.contract import ProtocolContext
-from protocols.conversation import warning
+from mlx_serve.protocols.contract import ProtocolContext
+from mlx_serve.protocols.conversation import warning
 
 UNBOUNDED = -1
 

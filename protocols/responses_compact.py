@@ -11,12 +11,12 @@ import msgspec
 import orjson
 from msgspec import Struct
 
-from engine.types import Request
-from protocols import conversation as conv
-from protocols.contract import Job, ProtocolContext, Result
-from protocols.responses_input import InputItem, MessageItem, opaque, template_messages
-from protocols.responses_output import usage_json
-from protocols.responses_tools import Toolset
+from mlx_serve.engine.types import Request
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols.contract import Job, ProtocolContext, Result
+from mlx_serve.protocols.responses_input import InputItem, MessageItem, opaque, template_messages
+from mlx_serve.protocols.responses_output import usage_json
+from mlx_serve.protocols.responses_tools import Toolset
 
 ID_PREFIX = "resp"
 COMPACTION_PROMPT = (

@@ -18,10 +18,10 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct
 
-from engine.errors import InvalidRequest
-from protocols import conversation as conv
-from protocols import openai_common as common
-from protocols.conversation import TemplateConversation
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols.conversation import TemplateConversation
 
 OPAQUE_PREFIX = "mlx-serve:1:"
 SUMMARY_HEADING = "A summary of the earlier conversation, which was compacted:"

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import InvalidRequest, QueueFull, ServeError
-from engine.types import (
+from mlx_serve.engine.errors import InvalidRequest, QueueFull, ServeError
+from mlx_serve.engine.types import (
     Admitted,
     Delta,
     Finished,
@@ -24,11 +24,11 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols import conversation as conv
-from protocols import openai_render as render
-from protocols.contract import KEEP_ALIVE, Frame, Frames, Job, ProtocolContext, Result, SseEvent
-from protocols.responses_input import InputItem, opaque
-from protocols.responses_tools import Offered, Toolset, custom_input
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols import openai_render as render
+from mlx_serve.protocols.contract import KEEP_ALIVE, Frame, Frames, Job, ProtocolContext, Result, SseEvent
+from mlx_serve.protocols.responses_input import InputItem, opaque
+from mlx_serve.protocols.responses_tools import Offered, Toolset, custom_input
 
 DONE = SseEvent("[DONE]")
 

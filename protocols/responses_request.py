@@ -13,13 +13,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from engine.errors import InvalidRequest
-from engine.types import Request, SamplingParams
-from protocols import conversation as conv
-from protocols import openai_common as common
-from protocols import structured
-from protocols.contract import ProtocolContext
-from protocols.responses_tools import Toolset
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.types import Request, SamplingParams
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols import structured
+from mlx_serve.protocols.contract import ProtocolContext
+from mlx_serve.protocols.responses_tools import Toolset
 
 
 class TextFormat(Struct, frozen=True, omit_defaults=True):

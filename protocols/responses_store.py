@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from protocols.responses_input import InputItem
+from mlx_serve.protocols.responses_input import InputItem
 
 MIB = 1 << 20
 

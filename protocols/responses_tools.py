@@ -22,9 +22,9 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct
 
-from engine.errors import InvalidRequest
-from protocols import conversation as conv
-from protocols import openai_common as common
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.protocols import conversation as conv
+from mlx_serve.protocols import openai_common as common
 
 HOSTED_TOOLS = frozenset(
     {

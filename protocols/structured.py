@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from llguidance import LLMatcher, grammar_from
 
-from engine.errors import InvalidRequest, grammar_message
-from engine.tools.formats import HERMES
-from protocols.conversation import warning
+from mlx_serve.engine.errors import InvalidRequest, grammar_message
+from mlx_serve.engine.tools.formats import HERMES
+from mlx_serve.protocols.conversation import warning
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions

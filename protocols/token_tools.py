@@ -18,11 +18,11 @@ import msgspec
 import orjson
 from msgspec import Struct
 
-from engine.errors import InvalidRequest, ServeError
-from protocols import openai_chat
-from protocols import openai_common as common
-from protocols.contract import ModelNotFound, ProtocolContext, WireFormat
-from protocols.openai_render import error_body
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.protocols import openai_chat
+from mlx_serve.protocols import openai_common as common
+from mlx_serve.protocols.contract import ModelNotFound, ProtocolContext, WireFormat
+from mlx_serve.protocols.openai_render import error_body
 
 Answer = tuple[int, bytes]
 AnswerFn = Callable[[bytes, ProtocolContext], Answer]

@@ -42,10 +42,10 @@ else
   echo "warning: npm not found; the Claude Code and Codex tests are skipped"
 fi
 
-echo "== ruff check, ruff format --check (server/ protocols/ engine/ tests/ bench/), mypy --strict (server/ protocols/ engine/)"
+echo "== ruff check, ruff format --check (server/ protocols/ engine/ tests/ bench/), mypy --strict (mlx_serve: server/ protocols/ engine/)"
 .venv/bin/ruff check server protocols engine tests bench
 .venv/bin/ruff format --check server protocols engine tests bench
-.venv/bin/mypy --strict server protocols engine
+.venv/bin/mypy --strict -p mlx_serve
 
 # Run on OpenBLAS when it is there, as mlx-serve itself does (the bundled BLAS is 10-25x slower).
 for lib in /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \

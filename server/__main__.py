@@ -1,3 +1,3 @@
-from server.cli import main
+from mlx_serve.server.cli import main
 
 main()

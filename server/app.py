@@ -14,12 +14,12 @@ from typing import TypeVar
 import msgspec
 import orjson
 
-from engine.errors import EngineUnavailable, InvalidRequest
-from engine.host.client import EngineClient
-from engine.model.loader import served_id
-from engine.types import Request
-from engine.validation import validate_call
-from protocols import (
+from mlx_serve.engine.errors import EngineUnavailable, InvalidRequest
+from mlx_serve.engine.host.client import EngineClient
+from mlx_serve.engine.model.loader import served_id
+from mlx_serve.engine.types import Request
+from mlx_serve.engine.validation import validate_call
+from mlx_serve.protocols import (
     anthropic_messages,
     ollama,
     ollama_embed,
@@ -30,9 +30,9 @@ from protocols import (
     openai_responses,
     token_tools,
 )
-from protocols.anthropic_diagnostics import CacheDiagnoser
-from protocols.anthropic_threads import ThreadStore
-from protocols.contract import (
+from mlx_serve.protocols.anthropic_diagnostics import CacheDiagnoser
+from mlx_serve.protocols.anthropic_threads import ThreadStore
+from mlx_serve.protocols.contract import (
     Defaults,
     ErrorFormat,
     EventStream,
@@ -46,22 +46,22 @@ from protocols.contract import (
     Send,
     WireFormat,
 )
-from server.body import read_body
-from server.config import Config
-from server.dispatch import OPENAI_ERRORS, dispatch
-from server.load_wait import loading_for_stream, stream_after_load
-from server.metrics import Metrics
-from server.model_context import engine_of, protocol_context
-from server.model_routes import ModelRoutes
-from server.names import ServedNames
-from server.observe import record_of
-from server.page import Page
-from server.recent import RecentRequests
-from server.registry import NamedModel, Registry, Slot
-from server.request_parts import betas, choices, nesting_bounded, principal
-from server.responses_socket import ResponsesSocket
-from server.routes import RouteTable
-from server.writer import collect, header_value, send_json, stream_sse, warning_headers
+from mlx_serve.server.body import read_body
+from mlx_serve.server.config import Config
+from mlx_serve.server.dispatch import OPENAI_ERRORS, dispatch
+from mlx_serve.server.load_wait import loading_for_stream, stream_after_load
+from mlx_serve.server.metrics import Metrics
+from mlx_serve.server.model_context import engine_of, protocol_context
+from mlx_serve.server.model_routes import ModelRoutes
+from mlx_serve.server.names import ServedNames
+from mlx_serve.server.observe import record_of
+from mlx_serve.server.page import Page
+from mlx_serve.server.recent import RecentRequests
+from mlx_serve.server.registry import NamedModel, Registry, Slot
+from mlx_serve.server.request_parts import betas, choices, nesting_bounded, principal
+from mlx_serve.server.responses_socket import ResponsesSocket
+from mlx_serve.server.routes import RouteTable
+from mlx_serve.server.writer import collect, header_value, send_json, stream_sse, warning_headers
 
 log = logging.getLogger("mlx_serve.http")
 T = TypeVar("T")

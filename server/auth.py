@@ -15,10 +15,10 @@ import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from protocols.contract import ASGIApp, Receive, Scope, Send, Unauthorized
-from server.config import Config
-from server.routes import RouteTable
-from server.writer import refuse_websocket, send_json
+from mlx_serve.protocols.contract import ASGIApp, Receive, Scope, Send, Unauthorized
+from mlx_serve.server.config import Config
+from mlx_serve.server.routes import RouteTable
+from mlx_serve.server.writer import refuse_websocket, send_json
 
 log = logging.getLogger("mlx_serve.auth")
 PRINCIPAL_KEY = "mlx_serve.principal"  # set in the scope when a request carried an accepted key

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
-from engine.errors import InvalidRequest
-from protocols.contract import PayloadTooLarge, Receive, Scope
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.protocols.contract import PayloadTooLarge, Receive, Scope
 
 JSON_TYPES = frozenset({"application/json", "text/json", "text/plain", "application/x-www-form-urlencoded"})
 

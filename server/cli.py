@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from server.config import Config, load_config
+from mlx_serve.server.config import Config, load_config
 
 # `mlx-serve COMMAND ...` (server.commands); anything else is the serving command's flags
 COMMANDS = ("pull", "ls", "rm", "ps", "doctor", "fit", "bench", "launch")
@@ -16,19 +16,19 @@ COMMANDS = ("pull", "ls", "rm", "ps", "doctor", "fit", "bench", "launch")
 log = logging.getLogger("mlx_serve")
 
 if TYPE_CHECKING:  # the engine is imported only once the flags are read (fast --help)
-    from engine.host.client import EngineClient
-    from engine.host.settings import EngineSettings, ModelSource
-    from protocols.contract import ASGIApp
-    from server.app import App
-    from server.observe import TraceWriter
-    from server.shutdown import Drain
+    from mlx_serve.engine.host.client import EngineClient
+    from mlx_serve.engine.host.settings import EngineSettings, ModelSource
+    from mlx_serve.protocols.contract import ASGIApp
+    from mlx_serve.server.app import App
+    from mlx_serve.server.observe import TraceWriter
+    from mlx_serve.server.shutdown import Drain
 
 
 PROCESS_NAME = b"mlx-serve"  # what `ps -e` and `pgrep mlx-serve` show on Linux (15 bytes at most)
 
 
 def name_process() -> None:
-    """Linux: name this process mlx-serve, whatever started it (`python3 -m server` too)."""
+    """Linux: name this process mlx-serve, whatever started it (`python3 -m mlx_serve` too)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -41,26 +41,26 @@ def name_process() -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["service"]:  # `mlx-serve service print-plist|print-systemd [flags]`
-        from server.service import main as service_main
+        from mlx_serve.server.service import main as service_main
 
         sys.exit(service_main(args[1:]))
     if args[:1] in (["help"], ["commands"]):
-        from server.commands import USAGE
+        from mlx_serve.server.commands import USAGE
 
         print(USAGE)
         return
     if args[:1] == ["serve"]:
-        from server.commands import serve_args
+        from mlx_serve.server.commands import serve_args
 
         args = serve_args(args[1:])
     elif args and args[0] in COMMANDS:
-        from server.commands import run
+        from mlx_serve.server.commands import run
 
         sys.exit(run(args))
     config = load_config(args)
     name_process()
-    from engine.host.build import prepare_process
-    from engine.host.settings import LOG_FORMAT
+    from mlx_serve.engine.host.build import prepare_process
+    from mlx_serve.engine.host.settings import LOG_FORMAT
 
     prepare_process(config.blas)
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
@@ -69,10 +69,10 @@ def main(argv: list[str] | None = None) -> None:
     if config.use_default_chat_template:
         log.warning("--use-default-chat-template has no effect: the model's own chat template is used")
     if config.shard is not None:
-        from engine.host.shard.group import launch_rank
+        from mlx_serve.engine.host.shard.group import launch_rank
 
         if launch_rank() not in (None, 0):  # a follower rank: no HTTP, rank 0's steps until the group ends
-            from engine.host.shard.follower import serve_follower
+            from mlx_serve.engine.host.shard.follower import serve_follower
 
             sys.exit(serve_follower(engine_settings(config), model_source(config)))
     try:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def engine_settings(config: Config) -> EngineSettings:
-    from engine.host.settings import EngineSettings
+    from mlx_serve.engine.host.settings import EngineSettings
 
     return EngineSettings(
         max_running=(
@@ -116,7 +116,7 @@ def engine_settings(config: Config) -> EngineSettings:
 
 
 def model_source(config: Config) -> ModelSource:
-    from engine.host.settings import ModelSource
+    from mlx_serve.engine.host.settings import ModelSource
 
     return ModelSource(
         model=config.model,
@@ -131,7 +131,7 @@ def model_source(config: Config) -> ModelSource:
 
 def build_engine(config: Config) -> EngineClient:
     """A child-process engine (the default) or one on a thread of this process."""
-    from engine.host.build import build
+    from mlx_serve.engine.host.build import build
 
     return build(engine_settings(config), model_source(config))
 
@@ -156,11 +156,11 @@ def greeting(config: Config) -> str:
 async def serve(config: Config) -> None:
     from hypercorn.config import Config as HypercornConfig
 
-    from server import connections
-    from server.app import App
-    from server.many import build_registry, is_many
-    from server.metrics import Metrics
-    from server.shutdown import Drain
+    from mlx_serve.server import connections
+    from mlx_serve.server.app import App
+    from mlx_serve.server.many import build_registry, is_many
+    from mlx_serve.server.metrics import Metrics
+    from mlx_serve.server.shutdown import Drain
 
     drain = Drain()
     engine = build_registry(config, build_engine) if is_many(config) else build_engine(config)
@@ -222,8 +222,8 @@ SHUTDOWN_MARGIN_S = 5.0
 def serving_stack(app: App, config: Config, drain: Drain) -> tuple[ASGIApp, TraceWriter | None]:
     """The app behind its middleware: CORS outermost (so a 401 or 429 carries its headers), then
     the per-request records and metrics, then API keys; all read the app's one route table."""
-    from server.auth import ApiKeys, AuthMiddleware, KeyFileError, load_api_keys
-    from server.observe import RequestObserver, TraceWriter
+    from mlx_serve.server.auth import ApiKeys, AuthMiddleware, KeyFileError, load_api_keys
+    from mlx_serve.server.observe import RequestObserver, TraceWriter
 
     try:
         keys = ApiKeys(load_api_keys(config))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from server.local import KEY_ENV, auth_headers, server_url
+from mlx_serve.server.local import KEY_ENV, auth_headers, server_url
 
 USAGE = """\
 usage: mlx-serve [COMMAND] [args]
@@ -74,7 +74,7 @@ def pull(rest: list[str]) -> int:
     if len(rest) != 1:
         _say("usage: mlx-serve pull MODEL")
         return 2
-    from engine.model import loader
+    from mlx_serve.engine.model import loader
 
     loader.log.addHandler(_ProgressHandler())
     loader.log.setLevel("INFO")
@@ -96,7 +96,7 @@ class _ProgressHandler(logging.Handler):
 
 def cached_models() -> list[tuple[str, Path, int]]:
     """(name, path, bytes) of every model the cache holds: converted folders and joined GGUFs."""
-    from engine.model.loader import cache_root
+    from mlx_serve.engine.model.loader import cache_root
 
     root = cache_root()
     found = []
@@ -109,7 +109,7 @@ def cached_models() -> list[tuple[str, Path, int]]:
 
 
 def ls(rest: list[str]) -> int:
-    from engine.model.loader import DEFAULT_MODEL_ID, SHORTCUTS
+    from mlx_serve.engine.model.loader import DEFAULT_MODEL_ID, SHORTCUTS
 
     rows = cached_models()
     if rows:
@@ -127,7 +127,7 @@ def rm(rest: list[str]) -> int:
     if len(rest) != 1:
         _say("usage: mlx-serve rm MODEL   (a name that `mlx-serve ls` prints, or a shortcut)")
         return 2
-    from engine.model.loader import SHORTCUTS
+    from mlx_serve.engine.model.loader import SHORTCUTS
 
     want = rest[0].lower()
     stem = SHORTCUTS[want].gguf.file_name.removesuffix(".gguf").lower() if want in SHORTCUTS else want
@@ -186,12 +186,12 @@ def _is_json(response: httpx.Response) -> bool:
 
 
 def doctor(rest: list[str]) -> int:
-    from engine.host.build import prepare_process
+    from mlx_serve.engine.host.build import prepare_process
 
     prepare_process("auto")
-    from engine.model.backend import device_name
-    from engine.model.blas import blas_in_use
-    from engine.model.memory_budget import default_budget, total_ram_bytes
+    from mlx_serve.engine.model.backend import device_name
+    from mlx_serve.engine.model.blas import blas_in_use
+    from mlx_serve.engine.model.memory_budget import default_budget, total_ram_bytes
 
     budget = default_budget()
     print(f"device: {device_name()}")
@@ -210,9 +210,9 @@ def fit(rest: list[str]) -> int:
         return 2
     import mlx.core as mx
 
-    from engine.model import fit as fitting
-    from engine.model.loader import SHORTCUTS, cache_root, default_gguf
-    from engine.model.memory_budget import default_budget
+    from mlx_serve.engine.model import fit as fitting
+    from mlx_serve.engine.model.loader import SHORTCUTS, cache_root, default_gguf
+    from mlx_serve.engine.model.memory_budget import default_budget
 
     spec, budget = rest[0], default_budget().nbytes
     float32 = mx.default_device() == mx.cpu  # what --dequantize auto serves on a CPU
@@ -249,6 +249,6 @@ def bench(rest: list[str]) -> int:
 
 
 def launch(rest: list[str]) -> int:
-    from server.launch import launch as launch_cli
+    from mlx_serve.server.launch import launch as launch_cli
 
     return launch_cli(rest)

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.host.build import tool_call_parsers
-from server.models_file import ModelFlag
+from mlx_serve.engine.host.build import tool_call_parsers
+from mlx_serve.server.models_file import ModelFlag
 
 SECONDS = 1.0
 KIB = 1 << 10
@@ -396,7 +396,7 @@ def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:
 
 
 def _check_many(cfg: Config, parser: argparse.ArgumentParser) -> None:
-    from server.models_file import many_models_problem
+    from mlx_serve.server.models_file import many_models_problem
 
     problem = many_models_problem(
         cfg.models_file, cfg.model, cfg.served_model_name, cfg.named_models, cfg.adapters, cfg.pin

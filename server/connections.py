@@ -28,9 +28,9 @@ from urllib.parse import unquote
 
 import h11
 
-from engine.errors import ServeError
-from protocols.contract import ASGIApp, Message
-from server import transport
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.protocols.contract import ASGIApp, Message
+from mlx_serve.server import transport
 
 log = logging.getLogger("mlx_serve.connections")
 OVER_CAPACITY = "mlx_serve.over_capacity"  # scope key: this request came in past the cap

@@ -3,15 +3,15 @@ checks, and a refusal as the route's own error envelope with the headers it call
 
 from __future__ import annotations
 
-from engine.errors import EngineUnavailable, QueueFull, ServeError
-from protocols import openai_chat
-from protocols.contract import ErrorFormat, MethodNotAllowed, NotFound, Receive, Scope, Send
-from server.body import AmbiguousFraming, check_framing
-from server.connections import OVER_CAPACITY, ConnectionLimit
-from server.observe import record_of
-from server.request_parts import without_body
-from server.routes import Fit, RouteTable
-from server.writer import send_json
+from mlx_serve.engine.errors import EngineUnavailable, QueueFull, ServeError
+from mlx_serve.protocols import openai_chat
+from mlx_serve.protocols.contract import ErrorFormat, MethodNotAllowed, NotFound, Receive, Scope, Send
+from mlx_serve.server.body import AmbiguousFraming, check_framing
+from mlx_serve.server.connections import OVER_CAPACITY, ConnectionLimit
+from mlx_serve.server.observe import record_of
+from mlx_serve.server.request_parts import without_body
+from mlx_serve.server.routes import Fit, RouteTable
+from mlx_serve.server.writer import send_json
 
 OPENAI_ERRORS: ErrorFormat = openai_chat.FORMAT
 RETRY_AFTER_LOADING_S = 5

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from server.local import DEFAULT_URL, KEY_ENV, URL_ENV, auth_headers
+from mlx_serve.server.local import DEFAULT_URL, KEY_ENV, URL_ENV, auth_headers
 
 AGENTS = {"claude": "claude", "codex": "codex"}
 CLI_ENV = {"claude": "MLX_SERVE_CLAUDE", "codex": "MLX_SERVE_CODEX"}  # the CLI's path, if not on PATH
@@ -116,10 +116,10 @@ def answers(url: str) -> bool:
 
 def start_server(plan: Plan) -> subprocess.Popen[bytes]:
     """This server on the URL's host and port, its log in the model cache's folder."""
-    from engine.model.loader import cache_root
+    from mlx_serve.engine.model.loader import cache_root
 
     parts = urlsplit(plan.url)
-    args = [sys.executable, "-m", "server", "--host", parts.hostname or "127.0.0.1"]
+    args = [sys.executable, "-m", "mlx_serve", "--host", parts.hostname or "127.0.0.1"]
     args += ["--port", str(parts.port or 8080)]
     if plan.model:
         args += ["--model", plan.model]

@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 
-from engine.errors import ServeError
-from protocols.contract import ErrorFormat, Message, Send
-from server.dispatch import send_error
-from server.registry import Registry, Slot, named
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.protocols.contract import ErrorFormat, Message, Send
+from mlx_serve.server.dispatch import send_error
+from mlx_serve.server.registry import Registry, Slot, named
 
 HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 

@@ -9,13 +9,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from server.config import Config
-from server.models_file import ModelEntry, all_entries
+from mlx_serve.server.config import Config
+from mlx_serve.server.models_file import ModelEntry, all_entries
 
 if TYPE_CHECKING:
-    from engine.host.client import EngineClient
-    from server.budget import Need
-    from server.registry import Registry
+    from mlx_serve.engine.host.client import EngineClient
+    from mlx_serve.server.budget import Need
+    from mlx_serve.server.registry import Registry
 
 # The context a model's memory need counts KV for when neither the entry nor the model says less:
 # a load is admitted when its weights and one context of this many tokens fit.
@@ -50,7 +50,7 @@ def entry_config(config: Config, entry: ModelEntry, budget_bytes: int | None) ->
 
 def model_path(source: str | None) -> Path | None:
     """The file or folder a source names when it is here already (None: fetched at load)."""
-    from engine.model.loader import SHORTCUTS, cache_root, default_gguf
+    from mlx_serve.engine.model.loader import SHORTCUTS, cache_root, default_gguf
 
     if source is None:
         return default_gguf()
@@ -63,8 +63,8 @@ def estimate(config: Config, entry: ModelEntry) -> Need | None:
     """A model's memory need from its files: weights as served, KV for its planned context."""
     import mlx.core as mx
 
-    from engine.model import fit
-    from server.budget import Need
+    from mlx_serve.engine.model import fit
+    from mlx_serve.server.budget import Need
 
     path = model_path(entry.source)
     float32 = mx.default_device() == mx.cpu and config.dequantize != "never"
@@ -82,8 +82,8 @@ def estimate(config: Config, entry: ModelEntry) -> Need | None:
 def build_registry(config: Config, build_engine: Callable[[Config], EngineClient]) -> Registry:
     """Every model of the flags, none loaded yet (the registry loads the default and the pinned
     ones at start); the budget is --memory-budget or the machine's default share."""
-    from engine.model.memory_budget import default_budget
-    from server.registry import Registry, Slot
+    from mlx_serve.engine.model.memory_budget import default_budget
+    from mlx_serve.server.registry import Registry, Slot
 
     budget = config.memory_budget_bytes or default_budget().nbytes
 

@@ -3,13 +3,13 @@ ProtocolContext (id, tokenizer, the server's defaults, context) and the validati
 
 from __future__ import annotations
 
-from engine.errors import EngineUnavailable
-from engine.host.client import EngineClient
-from engine.types import SamplingParams
-from engine.validation import Limits
-from protocols.contract import Defaults, ProtocolContext
-from server.config import Config
-from server.registry import Slot
+from mlx_serve.engine.errors import EngineUnavailable
+from mlx_serve.engine.host.client import EngineClient
+from mlx_serve.engine.types import SamplingParams
+from mlx_serve.engine.validation import Limits
+from mlx_serve.protocols.contract import Defaults, ProtocolContext
+from mlx_serve.server.config import Config
+from mlx_serve.server.registry import Slot
 
 
 def protocol_context(config: Config, slot: Slot, created: int, use_model_id: bool) -> None:

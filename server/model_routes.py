@@ -14,16 +14,16 @@ from typing import Any, Protocol
 import msgspec
 import orjson
 
-from engine.errors import InvalidRequest, ServeError
-from engine.host.client import EngineClient, EngineState
-from engine.model.facts import ModelFacts
-from protocols.contract import ErrorFormat, ModelNotFound, Receive, Route, Scope, Send
-from protocols.ollama_facts import OLLAMA_VERSION, entry, loaded
-from server.config import Config
-from server.dispatch import RETRY_AFTER_LOADING_S
-from server.names import ServedNames
-from server.registry import Registry, Slot
-from server.writer import send_json
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.engine.host.client import EngineClient, EngineState
+from mlx_serve.engine.model.facts import ModelFacts
+from mlx_serve.protocols.contract import ErrorFormat, ModelNotFound, Receive, Route, Scope, Send
+from mlx_serve.protocols.ollama_facts import OLLAMA_VERSION, entry, loaded
+from mlx_serve.server.config import Config
+from mlx_serve.server.dispatch import RETRY_AFTER_LOADING_S
+from mlx_serve.server.names import ServedNames
+from mlx_serve.server.registry import Registry, Slot
+from mlx_serve.server.writer import send_json
 
 
 class ModelBusy(ServeError):

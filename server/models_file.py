@@ -165,7 +165,7 @@ def all_entries(
 ) -> list[ModelEntry]:
     """The models file's entries (a plain --model first, its --served-model-name its name and
     aliases), then each --model NAME=SOURCE; then every `base:adapter` variant."""
-    from engine.model.loader import served_id
+    from mlx_serve.engine.model.loader import served_id
 
     listed = read_models_file(Path(models_file)) if models_file else []
     if model is not None:  # named by its first --served-model-name that is not a glob, else its id

@@ -18,14 +18,14 @@ from typing import Any
 
 import orjson
 
-from engine.errors import EngineUnavailable, ServeError
-from engine.types import Admitted, EngineTimings, Finished, Usage
-from protocols.contract import ASGIApp, Message, Receive, Scope, Send
-from server.connections import OncePerInterval
-from server.metrics import ChoiceDone, Metrics, RequestDone
-from server.routes import OTHER, RouteTable, method_label
-from server.shutdown import Drain
-from server.writer import header_value
+from mlx_serve.engine.errors import EngineUnavailable, ServeError
+from mlx_serve.engine.types import Admitted, EngineTimings, Finished, Usage
+from mlx_serve.protocols.contract import ASGIApp, Message, Receive, Scope, Send
+from mlx_serve.server.connections import OncePerInterval
+from mlx_serve.server.metrics import ChoiceDone, Metrics, RequestDone
+from mlx_serve.server.routes import OTHER, RouteTable, method_label
+from mlx_serve.server.shutdown import Drain
+from mlx_serve.server.writer import header_value
 
 log = logging.getLogger("mlx_serve.access")
 MAX_LOGGED_PARAM = 120

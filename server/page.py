@@ -12,8 +12,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocols.contract import ErrorFormat, NotFound, Receive, Route, Scope, Send
-from server.writer import send_json
+from mlx_serve.protocols.contract import ErrorFormat, NotFound, Receive, Route, Scope, Send
+from mlx_serve.server.writer import send_json
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 INDEX = "index.html"

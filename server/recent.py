@@ -14,11 +14,11 @@ from typing import Any
 
 import orjson
 
-from protocols.contract import Receive, Scope, Send
-from server.metrics import RequestDone
-from server.observe import RequestRecord, Watcher, trace_line
-from server.routes import OTHER
-from server.writer import send_json
+from mlx_serve.protocols.contract import Receive, Scope, Send
+from mlx_serve.server.metrics import RequestDone
+from mlx_serve.server.observe import RequestRecord, Watcher, trace_line
+from mlx_serve.server.routes import OTHER
+from mlx_serve.server.writer import send_json
 
 CAPACITY = 50
 

@@ -24,13 +24,13 @@ from typing import Any
 
 import msgspec
 
-from engine.errors import EngineUnavailable, ServeError
-from engine.host.client import EngineClient, EngineState
-from engine.validation import Limits
-from protocols.contract import ModelNotFound, ProtocolContext
-from server.budget import GIB, Need, Resident, allot, evictions
-from server.models_file import ModelEntry
-from server.names import GLOB_CHARS, ServedNames
+from mlx_serve.engine.errors import EngineUnavailable, ServeError
+from mlx_serve.engine.host.client import EngineClient, EngineState
+from mlx_serve.engine.validation import Limits
+from mlx_serve.protocols.contract import ModelNotFound, ProtocolContext
+from mlx_serve.server.budget import GIB, Need, Resident, allot, evictions
+from mlx_serve.server.models_file import ModelEntry
+from mlx_serve.server.names import GLOB_CHARS, ServedNames
 
 log = logging.getLogger("mlx_serve.models")
 DEFAULT_NAMES = ("", "default", "default_model")

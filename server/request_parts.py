@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
 
-from engine.errors import InvalidRequest
-from engine.types import Request
-from protocols.contract import Job, Message, ProtocolContext, Scope, Send
-from server.auth import PRINCIPAL_KEY
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.types import Request
+from mlx_serve.protocols.contract import Job, Message, ProtocolContext, Scope, Send
+from mlx_serve.server.auth import PRINCIPAL_KEY
 
 T = TypeVar("T")
 

@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from engine.errors import InvalidRequest, ServeError
-from engine.types import Finished, FinishReason, Request, Usage
-from protocols.contract import (
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.engine.types import Finished, FinishReason, Request, Usage
+from mlx_serve.protocols.contract import (
     EventStream,
     Frames,
     Job,
@@ -37,10 +37,10 @@ from protocols.contract import (
     StreamRenderer,
     WireFormat,
 )
-from protocols.openai_responses import OpenAIResponses
-from server.observe import RequestRecord, report_turn, socket_turn
-from server.registry import Slot
-from server.writer import send_websocket, stream_websocket
+from mlx_serve.protocols.openai_responses import OpenAIResponses
+from mlx_serve.server.observe import RequestRecord, report_turn, socket_turn
+from mlx_serve.server.registry import Slot
+from mlx_serve.server.writer import send_websocket, stream_websocket
 
 CREATE = "response.create"
 QUEUED_TURNS = 16  # turns a client may send ahead of the one running; past it the socket closes

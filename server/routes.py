@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from protocols.contract import ErrorFormat, Route, Scope
+from mlx_serve.protocols.contract import ErrorFormat, Route, Scope
 
 MATCH_KEY = "mlx_serve.match"
 OTHER = "other"  # the one metric label of every unknown path (scanners must not add series)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from server.config import load_config
+from mlx_serve.server.config import load_config
 
 LABEL = "local.mlx-serve"
 THROTTLE_INTERVAL_S = 10
@@ -31,7 +31,7 @@ def default_program() -> list[str]:
     script = Path(sys.executable).absolute().parent / "mlx-serve"
     if script.exists():
         return [str(script)]
-    return [str(Path(sys.executable).absolute()), "-m", "server"]
+    return [str(Path(sys.executable).absolute()), "-m", "mlx_serve"]
 
 
 def home_of(user: str) -> str:

@@ -17,9 +17,17 @@ from collections.abc import Iterable
 
 import orjson
 
-from engine.errors import ServeError
-from engine.types import Admitted, Delta, Finished, ReasoningDelta, TextDelta, TokenLogprob, ToolCallStart
-from protocols.contract import (
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.engine.types import (
+    Admitted,
+    Delta,
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallStart,
+)
+from mlx_serve.protocols.contract import (
     KEEP_ALIVE,
     EventStream,
     Frame,

@@ -14,7 +14,7 @@ def smollm_path() -> Path:
     """SmolLM2-135M-Instruct converted by our GGUF loader (the default model), once into the user
     cache ($MLX_SERVE_CACHE or ~/.cache/mlx-serve) as the server does, reused by later runs: the
     servers the tests start keep their float32 copy of it there, keyed by its path."""
-    from engine.model.loader import cache_root
+    from mlx_serve.engine.model.loader import cache_root
 
     return smollm_folder(cache_root())
 

@@ -59,7 +59,7 @@ def chat(question: str = QUESTION) -> list[dict[str, str]]:
 def trained_adapter(name: str = "a", phrase: str = PHRASE, cache: Path | None = None) -> Path:
     """The adapter folder teaching SmolLM2 to answer QUESTION with `phrase`; trained on first
     use (about 10-30 s on a CPU), then read from the cache."""
-    from engine.model.loader import cache_root
+    from mlx_serve.engine.model.loader import cache_root
 
     root = cache or cache_root()
     base = base_model()
@@ -81,7 +81,7 @@ def trained_adapter(name: str = "a", phrase: str = PHRASE, cache: Path | None = 
 
 def base_model() -> Path:
     """The base the adapters are trained on: SmolLM2 as our GGUF loader converts it."""
-    from engine.model.loader import cache_root
+    from mlx_serve.engine.model.loader import cache_root
     from tests.support.models import smollm_folder
 
     return smollm_folder(cache_root())
@@ -91,8 +91,8 @@ def _float32_copy(base: Path) -> Path:
     """The float32 copy of `base` the server keeps in the cache (made here if not yet)."""
     from mlx_lm import load
 
-    from engine.model import dequantized
-    from engine.model.loader import cache_root, maybe_dequantize
+    from mlx_serve.engine.model import dequantized
+    from mlx_serve.engine.model.loader import cache_root, maybe_dequantize
 
     copy = dequantized.copy_folder(base, cache_root())
     if not copy.is_dir():

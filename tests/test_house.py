@@ -13,6 +13,7 @@ PACKAGES = ("server", "protocols", "engine")
 # before it. "engine" is the shared vocabulary (types, errors, validation) at the top level.
 ROOM_ORDER = ("engine", "gguf", "text", "tools", "model", "encoder", "rows", "speculation", "batch", "host")
 PACKAGE_ORDER = ("engine", "protocols", "server")
+NAMESPACE = "mlx_serve."  # installed as mlx_serve.server, mlx_serve.protocols, mlx_serve.engine
 
 
 def module_name(path: Path) -> str:
@@ -37,6 +38,7 @@ def imports_of(path: Path, known: dict[str, Path]) -> set[str]:
         else:
             continue
         for name in names:
+            name = name.removeprefix(NAMESPACE)
             if name in known:
                 found.add(name)
     return found
@@ -108,3 +110,27 @@ def test_house_each_room_says_what_it_owns_and_may_import() -> None:
     for room in ROOM_ORDER[1:]:
         doc = ast.get_docstring(ast.parse((ROOT / "engine" / room / "__init__.py").read_text()))
         assert doc is not None and "May import" in doc, f"engine/{room}/__init__.py"
+
+
+def test_house_imports_name_the_installed_namespace() -> None:
+    """Every import of the project names it under mlx_serve (what a wheel installs): a bare
+    `import server` would work only in a source checkout, and load a second copy of the module."""
+    bare: list[str] = []
+    for folder in (*PACKAGES, "tests", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                bare += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in PACKAGES]
+    assert bare == [], "imports outside the mlx_serve namespace: " + ", ".join(bare)
+
+
+def test_house_namespace_links_the_folders() -> None:
+    """mlx_serve/ holds the three folders (as links): the repository keeps its layout."""
+    for pkg in PACKAGES:
+        link = ROOT / "mlx_serve" / pkg
+        assert link.is_symlink() and link.resolve() == (ROOT / pkg).resolve(), link

@@ -27,13 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.errors import ContextTooLong, InvalidRequest
-from engine.model.memory_budget import MemoryBudget, default_budget
-from engine.model.memory_probe import KvCost, ModelShape, probe_model, weights_bytes
-from engine.speculation import MIN_HOLES_TO_COMPACT as SPECULATION_MIN_HOLES
+from mlx_serve.engine.errors import ContextTooLong, InvalidRequest
+from mlx_serve.engine.model.memory_budget import MemoryBudget, default_budget
+from mlx_serve.engine.model.memory_probe import KvCost, ModelShape, probe_model, weights_bytes
+from mlx_serve.engine.speculation import MIN_HOLES_TO_COMPACT as SPECULATION_MIN_HOLES
 
 if TYPE_CHECKING:
-    from engine.model.mlx_boundary import Model
+    from mlx_serve.engine.model.mlx_boundary import Model
 
 # Transient of one step (see _transient): float32 logits; attention scores in the activation
 # dtype (MLX's portable SDPA materializes heads × chunk × context of them: measured on the CPU);

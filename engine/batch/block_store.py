@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from engine.batch.prefix_cache import Found, PrefixStats, common_prefix
-from engine.model.mlx_boundary import CacheLayer, KVCache, async_eval, generation_stream
-from engine.types import CacheMiss
+from mlx_serve.engine.batch.prefix_cache import Found, PrefixStats, common_prefix
+from mlx_serve.engine.model.mlx_boundary import CacheLayer, KVCache, async_eval, generation_stream
+from mlx_serve.engine.types import CacheMiss
 
 if TYPE_CHECKING:
-    from engine.batch.disk_tier import DiskTier
+    from mlx_serve.engine.batch.disk_tier import DiskTier
 
 BLOCK_TOKENS = 256
 KV_STEP = 256  # mlx-lm's KVCache grows its buffers by this many slots

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from engine.batch.core_parts import IdleWork, LoneRunner, PrefixHolding, Ticket
-from engine.batch.request_lifecycle import RequestLifecycle
-from engine.batch.scheduler import SeqState
-from engine.errors import EngineFailed
-from engine.rows.step_records import StepPlan, TokenUpdate
-from engine.types import (
+from mlx_serve.engine.batch.core_parts import IdleWork, LoneRunner, PrefixHolding, Ticket
+from mlx_serve.engine.batch.request_lifecycle import RequestLifecycle
+from mlx_serve.engine.batch.scheduler import SeqState
+from mlx_serve.engine.errors import EngineFailed
+from mlx_serve.engine.rows.step_records import StepPlan, TokenUpdate
+from mlx_serve.engine.types import (
     Finished,
     FinishReason,
     TokenLogprob,
@@ -25,7 +25,7 @@ from engine.types import (
 )
 
 if TYPE_CHECKING:  # the core itself imports no MLX: the runner holds it
-    from engine.batch.admission import MemoryPlan
+    from mlx_serve.engine.batch.admission import MemoryPlan
 
 log = logging.getLogger("mlx_serve.engine")
 

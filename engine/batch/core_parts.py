@@ -9,13 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from engine.errors import ServeError
-from engine.types import Emitted, EngineTimings, Request
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.engine.types import Emitted, EngineTimings, Request
 
 if TYPE_CHECKING:
-    from engine.batch.prefix_cache import Found
-    from engine.model.mlx_boundary import CacheLayer, LogitsProcessor
-    from engine.rows.step_records import StepOutput, StepPlan
+    from mlx_serve.engine.batch.prefix_cache import Found
+    from mlx_serve.engine.model.mlx_boundary import CacheLayer, LogitsProcessor
+    from mlx_serve.engine.rows.step_records import StepOutput, StepPlan
 
 
 class PrefixLookup(Protocol):

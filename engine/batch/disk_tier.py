@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, cast
 import mlx.core as mx
 
 if TYPE_CHECKING:
-    from engine.model.mlx_boundary import Model
+    from mlx_serve.engine.model.mlx_boundary import Model
 
 log = logging.getLogger("mlx_serve.engine")
 
@@ -37,7 +37,7 @@ TMP_PREFIX = "writing-"
 
 def default_dir() -> Path:
     """Under the server's cache folder ($MLX_SERVE_CACHE, else ~/.cache/mlx-serve)."""
-    from engine.model.loader import cache_root
+    from mlx_serve.engine.model.loader import cache_root
 
     return Path(cache_root()) / "prompt-cache"
 
@@ -47,7 +47,7 @@ def fingerprint(model: Model, block_tokens: int) -> str:
     sample of its values, the KV layout and the block size."""
     from mlx.utils import tree_flatten
 
-    from engine.model.mlx_boundary import make_prompt_cache
+    from mlx_serve.engine.model.mlx_boundary import make_prompt_cache
 
     h = hashlib.blake2b(f"{FORMAT}:{block_tokens}".encode(), digest_size=12)
     params = cast("list[tuple[str, mx.array]]", tree_flatten(model.parameters()))

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from engine.model.mlx_boundary import (
+from mlx_serve.engine.model.mlx_boundary import (
     CacheLayer,
     KVCache,
     async_eval,
@@ -33,7 +33,7 @@ from engine.model.mlx_boundary import (
     generation_stream,
     trim_prompt_cache,
 )
-from engine.types import CacheMiss
+from mlx_serve.engine.types import CacheMiss
 
 
 @dataclass(slots=True)

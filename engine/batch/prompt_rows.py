@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from engine.batch.prefix_cache import PrefixStore
-from engine.model.mlx_boundary import (
+from mlx_serve.engine.batch.prefix_cache import PrefixStore
+from mlx_serve.engine.model.mlx_boundary import (
     CacheLayer,
     LogitsProcessor,
     Model,
@@ -25,14 +25,14 @@ from engine.model.mlx_boundary import (
     greedy_sampler,
     make_prompt_cache,
 )
-from engine.rows.quantized_kv import make_quantized_cache
-from engine.rows.row_guard import RowFaults, fenced_processor, fenced_sampler
-from engine.rows.sampling import make_row_processors, make_row_sampler
-from engine.rows.step_records import PrefillChunk
-from engine.types import Request
+from mlx_serve.engine.rows.quantized_kv import make_quantized_cache
+from mlx_serve.engine.rows.row_guard import RowFaults, fenced_processor, fenced_sampler
+from mlx_serve.engine.rows.sampling import make_row_processors, make_row_sampler
+from mlx_serve.engine.rows.step_records import PrefillChunk
+from mlx_serve.engine.types import Request
 
 if TYPE_CHECKING:
-    from engine.speculation.rows import SpeculatingRows
+    from mlx_serve.engine.speculation.rows import SpeculatingRows
 
 NO_LIMIT = 1 << 40  # the scheduler decides when a row ends, not mlx-lm
 

@@ -13,20 +13,20 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from engine.batch.core_parts import Clock, PrefixLookup, Runner, Ticket
-from engine.batch.row_text import RowText
-from engine.batch.scheduler import Scheduler
-from engine.errors import EngineFailed, ServeError
-from engine.text.reasoning import reasoning_splitter
-from engine.text.stops import StopMatcher
-from engine.tools.formats import HERMES, tool_format_for
-from engine.tools.splitter import ToolCallSplitter
-from engine.types import Admitted, CacheMiss, Counters, Request
+from mlx_serve.engine.batch.core_parts import Clock, PrefixLookup, Runner, Ticket
+from mlx_serve.engine.batch.row_text import RowText
+from mlx_serve.engine.batch.scheduler import Scheduler
+from mlx_serve.engine.errors import EngineFailed, ServeError
+from mlx_serve.engine.text.reasoning import reasoning_splitter
+from mlx_serve.engine.text.stops import StopMatcher
+from mlx_serve.engine.tools.formats import HERMES, tool_format_for
+from mlx_serve.engine.tools.splitter import ToolCallSplitter
+from mlx_serve.engine.types import Admitted, CacheMiss, Counters, Request
 
 if TYPE_CHECKING:  # no MLX here either: the runner holds it
-    from engine.batch.prefix_cache import Found
-    from engine.model.mlx_boundary import LogitsProcessor, Tokenizer
-    from engine.rows.grammar import Constraint, GrammarTokenizer
+    from mlx_serve.engine.batch.prefix_cache import Found
+    from mlx_serve.engine.model.mlx_boundary import LogitsProcessor, Tokenizer
+    from mlx_serve.engine.rows.grammar import Constraint, GrammarTokenizer
 
 log = logging.getLogger("mlx_serve.engine")
 
@@ -99,7 +99,7 @@ class RequestLifecycle:
             return None
         with self._grammar_lock:
             if self._grammar_tokenizer is None:
-                from engine.rows.grammar import GrammarTokenizer  # llguidance loads only when used
+                from mlx_serve.engine.rows.grammar import GrammarTokenizer  # llguidance loads only when used
 
                 self._grammar_tokenizer = GrammarTokenizer(self.tokenizer)
         return self._grammar_tokenizer.constraint(request.grammar)
@@ -174,7 +174,7 @@ class RequestLifecycle:
     def _budgeted(self, request: Request) -> tuple[Request, LogitsProcessor | None]:
         """The row's thinking budget as a processor (None for a model without thinking
         markers). The row does not speculate: the budget counts the tokens it accepts."""
-        from engine.rows.thinking_budget import ThinkingBudget  # MLX: only rows with a budget
+        from mlx_serve.engine.rows.thinking_budget import ThinkingBudget  # MLX: only rows with a budget
 
         tok = self.tokenizer
         start, end = getattr(tok, "think_start_tokens", None), getattr(tok, "think_end_tokens", None)

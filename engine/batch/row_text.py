@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.text.reasoning import ReasoningSplitter
-from engine.text.stops import StopMatcher
-from engine.tools.splitter import ToolCallSplitter
-from engine.types import Delta, TextDelta, TokenLogprob
+from mlx_serve.engine.text.reasoning import ReasoningSplitter
+from mlx_serve.engine.text.stops import StopMatcher
+from mlx_serve.engine.tools.splitter import ToolCallSplitter
+from mlx_serve.engine.types import Delta, TextDelta, TokenLogprob
 
 if TYPE_CHECKING:
-    from engine.model.mlx_boundary import Detokenizer
+    from mlx_serve.engine.model.mlx_boundary import Detokenizer
 
 
 @dataclass(slots=True)

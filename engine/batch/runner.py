@@ -3,11 +3,11 @@
 Each admitted sequence is prefilled alone, chunk by chunk, in its own KV cache (so its prompt
 numerics are those of a lone request); on its last chunk it joins the running generation
 batch, whose caches are mlx-lm's left-padded batch caches (plain KV caches while one row steps
-alone: engine.rows.lone_row). Leaving is a filter of that batch. Admission and the chunks before the
-last: engine.batch.prompt_rows.
+alone: mlx_serve.engine.rows.lone_row). Leaving is a filter of that batch. Admission and the chunks before the
+last: mlx_serve.engine.batch.prompt_rows.
 mlx-lm's GenerationBatch pipelines: the next step's forward is queued before the current
 step's tokens are read, so Python bookkeeping overlaps the accelerator; rows leave without
-reading the batch's padding back (engine.rows.batch_padding), so that overlap holds when they do.
+reading the batch's padding back (mlx_serve.engine.rows.batch_padding), so that overlap holds when they do.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import cast
 
 import mlx.core as mx
 
-import engine.rows.batch_padding  # noqa: F401 - batch caches keep their padding on the host too
-from engine.batch.prefix_cache import PrefixStore
-from engine.batch.prompt_rows import PromptRows
-from engine.model.mlx_boundary import Model, PromptProcessingBatch, generation_stream
-from engine.rows.prefill import join_batches, prefill_width, prompt_lazily
-from engine.rows.step_records import StepOutput, StepPlan, TokenLogprobs
-from engine.speculation.drafting import Draft
-from engine.speculation.rows import SpeculatingRows, Speculation
-from engine.speculation.verify import empty_batch
+import mlx_serve.engine.rows.batch_padding  # noqa: F401 - batch caches keep their padding on the host too
+from mlx_serve.engine.batch.prefix_cache import PrefixStore
+from mlx_serve.engine.batch.prompt_rows import PromptRows
+from mlx_serve.engine.model.mlx_boundary import Model, PromptProcessingBatch, generation_stream
+from mlx_serve.engine.rows.prefill import join_batches, prefill_width, prompt_lazily
+from mlx_serve.engine.rows.step_records import StepOutput, StepPlan, TokenLogprobs
+from mlx_serve.engine.speculation.drafting import Draft
+from mlx_serve.engine.speculation.rows import SpeculatingRows, Speculation
+from mlx_serve.engine.speculation.verify import empty_batch
 
 
 class BatchRunner(PromptRows):
@@ -45,7 +45,7 @@ class BatchRunner(PromptRows):
         super().__init__(model, prefill_step_size, prefix_cache, kv_quantization)
         self.lone_row = lone_row  # a lone row steps on plain KV caches (off: only to bench the difference)
         # Joining rows' prompts padded to prefill_width: for a backend that builds kernels for
-        # each new shape (engine.host.assemble.builds_per_shape)
+        # each new shape (mlx_serve.engine.host.assemble.builds_per_shape)
         self.bucket_prefill = bucket_prefill
         # Joining rows' prefill evaluated on its own, before their first-token forward: a sharded
         # model's collectives must run in the same order on every rank, and one graph holding

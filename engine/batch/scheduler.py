@@ -24,10 +24,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.batch.step_cost import StepCost, fair_shares
-from engine.errors import ContextTooLong, InvalidRequest
-from engine.rows.step_records import PrefillChunk, StepOutput, StepPlan, TokenLogprobs, TokenUpdate
-from engine.types import FinishReason, Request
+from mlx_serve.engine.batch.step_cost import StepCost, fair_shares
+from mlx_serve.engine.errors import ContextTooLong, InvalidRequest
+from mlx_serve.engine.rows.step_records import PrefillChunk, StepOutput, StepPlan, TokenLogprobs, TokenUpdate
+from mlx_serve.engine.types import FinishReason, Request
 
 
 class SeqState(enum.Enum):

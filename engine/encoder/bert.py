@@ -8,7 +8,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.encoder.layers import Weights, attention, gelu, heads, key_mask_bias, layer_norm, linear
+from mlx_serve.engine.encoder.layers import Weights, attention, gelu, heads, key_mask_bias, layer_norm, linear
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,13 @@ from types import MappingProxyType
 import mlx.core as mx
 from tokenizers import Tokenizer
 
-from engine.encoder.bert import Bert, BertConfig, bert_weights
-from engine.encoder.model import EncoderModel, Network
-from engine.encoder.nomic_bert import NomicBert, NomicConfig
-from engine.gguf.reader import GGUFFormatError, read_gguf
-from engine.gguf.wordpiece import wordpiece_tokenizer
-from engine.gguf.zipped import ZippedGGUF, extract
-from engine.model.loader import cache_root
+from mlx_serve.engine.encoder.bert import Bert, BertConfig, bert_weights
+from mlx_serve.engine.encoder.model import EncoderModel, Network
+from mlx_serve.engine.encoder.nomic_bert import NomicBert, NomicConfig
+from mlx_serve.engine.gguf.reader import GGUFFormatError, read_gguf
+from mlx_serve.engine.gguf.wordpiece import wordpiece_tokenizer
+from mlx_serve.engine.gguf.zipped import ZippedGGUF, extract
+from mlx_serve.engine.model.loader import cache_root
 
 log = logging.getLogger("mlx_serve.loader")
 

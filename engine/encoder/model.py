@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 from tokenizers import Tokenizer
 
-from engine.encoder.batcher import DEFAULT_FORWARD_TOKENS
-from engine.errors import ContextTooLong, InvalidRequest
-from engine.types import EmbedInput
+from mlx_serve.engine.encoder.batcher import DEFAULT_FORWARD_TOKENS
+from mlx_serve.engine.errors import ContextTooLong, InvalidRequest
+from mlx_serve.engine.types import EmbedInput
 
 Network = Callable[[mx.array, mx.array], mx.array]  # (ids, mask) → hidden states
 

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from engine.encoder.batcher import plan_forwards
-from engine.encoder.model import EncoderModel
-from engine.encoder.pooling import finish, mean_pool
-from engine.errors import EngineFailed
+from mlx_serve.engine.encoder.batcher import plan_forwards
+from mlx_serve.engine.encoder.model import EncoderModel
+from mlx_serve.engine.encoder.pooling import finish, mean_pool
+from mlx_serve.engine.errors import EngineFailed
 
 log = logging.getLogger("mlx_serve.engine")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from engine.gguf.reader import GGUFFile
+from mlx_serve.engine.gguf.reader import GGUFFile
 
 _LLAMA_LAYER_NAMES = MappingProxyType(
     {

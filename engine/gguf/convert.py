@@ -24,9 +24,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from engine.gguf.arch import Architecture, architecture_for, model_config
-from engine.gguf.reader import GGUFFile, read_gguf
-from engine.gguf.tensors import (
+from mlx_serve.engine.gguf.arch import Architecture, architecture_for, model_config
+from mlx_serve.engine.gguf.reader import GGUFFile, read_gguf
+from mlx_serve.engine.gguf.tensors import (
     GROUP_SIZE,
     QuantizedTensor,
     Tensor,
@@ -34,8 +34,8 @@ from engine.gguf.tensors import (
     map_rows,
     unpermute_rope_rows,
 )
-from engine.gguf.tokenizer import write_tokenizer
-from engine.gguf.vocab import eos_token_ids
+from mlx_serve.engine.gguf.tokenizer import write_tokenizer
+from mlx_serve.engine.gguf.vocab import eos_token_ids
 
 # Bump whenever the folder's contents would change for the same GGUF file.
 CONVERTER_VERSION = 4

@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
-from engine.gguf.reader import GGUFFile
+from mlx_serve.engine.gguf.reader import GGUFFile
 
 GROUP_SIZE = 32  # every block type kept quantized here holds 32 weights per block
 

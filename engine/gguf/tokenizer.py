@@ -21,8 +21,8 @@ from tokenizers.models import BPE
 from tokenizers.processors import ByteLevel as ByteLevelProcessor
 from tokenizers.processors import TemplateProcessing
 
-from engine.gguf.reader import GGUFFile
-from engine.gguf.vocab import GGUFVocab, read_vocab
+from mlx_serve.engine.gguf.reader import GGUFFile
+from mlx_serve.engine.gguf.vocab import GGUFVocab, read_vocab
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.gguf.reader import GGUFFile
+from mlx_serve.engine.gguf.reader import GGUFFile
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from engine.gguf.slices import SliceError
+from mlx_serve.engine.gguf.slices import SliceError
 
 Progress = Callable[[str], None]
 _CHUNK_BYTES = 1 << 22

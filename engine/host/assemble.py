@@ -7,17 +7,17 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, cast
 
-from engine.batch.core import Core
-from engine.host.settings import EngineSettings
-from engine.model.loader import LoadedModel, ModelSpec, load_model
-from engine.types import Counters
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.host.settings import EngineSettings
+from mlx_serve.engine.model.loader import LoadedModel, ModelSpec, load_model
+from mlx_serve.engine.types import Counters
 
 if TYPE_CHECKING:
-    from engine.batch.admission import MemoryPlan
-    from engine.batch.block_store import BlockStore
-    from engine.batch.disk_tier import DiskTier
-    from engine.batch.prefix_cache import PrefixCache
-    from engine.host.shard.group import MemoryAgreement
+    from mlx_serve.engine.batch.admission import MemoryPlan
+    from mlx_serve.engine.batch.block_store import BlockStore
+    from mlx_serve.engine.batch.disk_tier import DiskTier
+    from mlx_serve.engine.batch.prefix_cache import PrefixCache
+    from mlx_serve.engine.host.shard.group import MemoryAgreement
 
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 log = logging.getLogger("mlx_serve.engine")
@@ -28,8 +28,8 @@ def plan_engine_memory(
 ) -> MemoryPlan:
     """The memory plan for these settings; with no --decode-concurrency, for as many rows as it
     fits (up to 256, and as many as one step's token budget decodes at 1 + γ tokens a row)."""
-    from engine.batch.admission import MAX_ROWS_FROM_MEMORY, plan_memory, plan_rows
-    from engine.model.memory_probe import weights_bytes
+    from mlx_serve.engine.batch.admission import MAX_ROWS_FROM_MEMORY, plan_memory, plan_rows
+    from mlx_serve.engine.model.memory_probe import weights_bytes
 
     budget = settings.memory_budget_bytes
     if draft is not None and budget is not None:
@@ -62,7 +62,7 @@ def check_kv_quantization(loaded: LoadedModel, settings: EngineSettings) -> None
     divides: refused at start-up otherwise."""
     import mlx.core as mx
 
-    from engine.rows.quantized_kv import can_quantize, make_quantized_cache
+    from mlx_serve.engine.rows.quantized_kv import can_quantize, make_quantized_cache
 
     kv = kv_quantization(settings)
 
@@ -92,10 +92,10 @@ def make_core(
     """Plan memory (raises InsufficientMemory when nothing fits), then build the core.
     `shard` (a sharded rank) makes the plan the group's and scales the prefix cache to this rank."""
 
-    from engine.batch.block_store import BlockStore
-    from engine.batch.runner import BatchRunner
-    from engine.batch.scheduler import Scheduler, SchedulerConfig
-    from engine.speculation.rows import Speculation
+    from mlx_serve.engine.batch.block_store import BlockStore
+    from mlx_serve.engine.batch.runner import BatchRunner
+    from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+    from mlx_serve.engine.speculation.rows import Speculation
 
     check_kv_quantization(loaded, settings)
     plan = plan_engine_memory(loaded, settings, draft)
@@ -137,7 +137,7 @@ def make_core(
     if isinstance(prefix, BlockStore):
         core.on_stop = prefix.close
     if settings.warmup and shard is None:  # a sharded group's ranks would have to warm up in step
-        from engine.host.warmup import warm_up
+        from mlx_serve.engine.host.warmup import warm_up
 
         core.idle_work = warm_up(loaded.model, sched.config, plan.shape.vocab, bucket_prefill=per_shape)
     return core
@@ -152,9 +152,9 @@ def make_prefix_cache(
     --prompt-cache-bytes; a sharded rank keeps a fixed cap in proportion to its KV per token."""
     import mlx.core as mx
 
-    from engine.batch.block_store import BlockStore
-    from engine.batch.prefix_cache import PrefixCache, gpu_min_hit
-    from engine.model.mlx_boundary import KVCache, make_prompt_cache
+    from mlx_serve.engine.batch.block_store import BlockStore
+    from mlx_serve.engine.batch.prefix_cache import PrefixCache, gpu_min_hit
+    from mlx_serve.engine.model.mlx_boundary import KVCache, make_prompt_cache
 
     if settings.prompt_cache_size <= 0:  # no prefix cache at all (no copy of a finished row's KV)
         return None
@@ -179,8 +179,8 @@ def make_prefix_cache(
 def _disk_tier(loaded: LoadedModel, settings: EngineSettings) -> DiskTier | None:
     from pathlib import Path
 
-    from engine.batch.block_store import BLOCK_TOKENS
-    from engine.batch.disk_tier import DiskTier, default_dir, fingerprint
+    from mlx_serve.engine.batch.block_store import BLOCK_TOKENS
+    from mlx_serve.engine.batch.disk_tier import DiskTier, default_dir, fingerprint
 
     if settings.prompt_cache_disk_bytes <= 0:
         return None
@@ -223,8 +223,8 @@ def builds_per_shape() -> bool:
 
 def load_draft(target: LoadedModel, spec: ModelSpec, k: int = 3) -> LoadedModel:
     """The draft model, refused unless it shares the target's tokenizer and suits batch speculation."""
-    from engine.speculation.rows import draft_breakeven
-    from engine.speculation.verify import DraftMismatch, can_speculate
+    from mlx_serve.engine.speculation.rows import draft_breakeven
+    from mlx_serve.engine.speculation.verify import DraftMismatch, can_speculate
 
     draft = load_model(spec)
     check_draft_tokenizer(target.tokenizer, draft.tokenizer, spec.model_id)
@@ -248,7 +248,7 @@ def load_draft(target: LoadedModel, spec: ModelSpec, k: int = 3) -> LoadedModel:
 
 
 def check_draft_tokenizer(target: Any, draft: Any, draft_id: str) -> None:
-    from engine.speculation.verify import DraftMismatch
+    from mlx_serve.engine.speculation.verify import DraftMismatch
 
     if target.get_vocab() != draft.get_vocab():
         raise DraftMismatch(
@@ -262,8 +262,8 @@ def describe(loaded: LoadedModel) -> str:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from engine.model.backend import device_name
-    from engine.model.blas import blas_in_use
+    from mlx_serve.engine.model.backend import device_name
+    from mlx_serve.engine.model.blas import blas_in_use
 
     params = cast("list[tuple[str, mx.array]]", tree_flatten(loaded.model.parameters()))
     dtypes = sorted({str(v.dtype).removeprefix("mlx.core.") for _, v in params})

@@ -9,21 +9,21 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from engine.batch.core import Core
-from engine.host.assemble import describe, load_draft, make_core
-from engine.host.client import EngineClient
-from engine.host.settings import EngineSettings, ModelSource
-from engine.model.facts import model_facts
-from engine.model.loader import LoadedModel, ModelSpec, load_model
-from engine.types import Counters
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.host.assemble import describe, load_draft, make_core
+from mlx_serve.engine.host.client import EngineClient
+from mlx_serve.engine.host.settings import EngineSettings, ModelSource
+from mlx_serve.engine.model.facts import model_facts
+from mlx_serve.engine.model.loader import LoadedModel, ModelSpec, load_model
+from mlx_serve.engine.types import Counters
 
 log = logging.getLogger("mlx_serve.engine")
 
 
 def prepare_process(blas: str) -> None:
     """Before MLX is imported: the attention choice, then the BLAS (which may re-exec us)."""
-    from engine.model.backend import prefer_shape_free_attention
-    from engine.model.blas import reexec_with_blas
+    from mlx_serve.engine.model.backend import prefer_shape_free_attention
+    from mlx_serve.engine.model.blas import reexec_with_blas
 
     prefer_shape_free_attention()  # before the BLAS re-exec, which passes the environment on
     reexec_with_blas(blas)
@@ -31,7 +31,7 @@ def prepare_process(blas: str) -> None:
 
 def tool_call_parsers() -> list[str]:
     """The tool-call markup families --tool-call-parser may name."""
-    from engine.tools.formats import parser_names
+    from mlx_serve.engine.tools.formats import parser_names
 
     return list(parser_names())
 
@@ -40,20 +40,20 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
     """The engine the server talks to: nothing is loaded until its `start()`."""
     from dataclasses import replace
 
-    from engine.encoder.loader import is_encoder, load_encoder
+    from mlx_serve.engine.encoder.loader import is_encoder, load_encoder
 
     if source.model is not None and is_encoder(source.model):  # an embedding model: no KV, no rows
-        from engine.host.encoder import EncoderEngine
-        from engine.host.encoder_process import EncoderProcessEngine
+        from mlx_serve.engine.host.encoder import EncoderEngine
+        from mlx_serve.engine.host.encoder_process import EncoderProcessEngine
 
         waiting = settings.max_waiting * 256
         if source.host == "thread":
             return EncoderEngine(partial(load_encoder, source.model), max_waiting_inputs=waiting)
         return EncoderProcessEngine(source.model, max_waiting_inputs=waiting)
 
-    from engine.host.child import ChildPlan
-    from engine.host.process import ProcessEngine
-    from engine.host.thread import ThreadEngine
+    from mlx_serve.engine.host.child import ChildPlan
+    from mlx_serve.engine.host.process import ProcessEngine
+    from mlx_serve.engine.host.thread import ThreadEngine
 
     settings = replace(settings, draft_spec=source.draft_spec())
     if settings.shard is not None and source.host == "thread":
@@ -74,7 +74,7 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
         return ThreadEngine(load, make, capacity=settings.capacity, waiting=settings.max_waiting)
 
     def prepare() -> ChildPlan:
-        from engine.model.loader import load_tokenizer
+        from mlx_serve.engine.model.loader import load_tokenizer
 
         spec = source.model_spec()
         return ChildPlan(spec.model_id, load_and_build, (spec, settings), lambda: load_tokenizer(spec))
@@ -96,7 +96,7 @@ def load_and_build(
     import mlx.core as mx
 
     if settings.shard is not None:
-        from engine.host.shard.leader import load_and_build_leader
+        from mlx_serve.engine.host.shard.leader import load_and_build_leader
 
         return load_and_build_leader(counters, spec, settings)
 

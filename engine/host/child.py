@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.host.client import RequestStream
-from engine.host.frames import FrameReader
-from engine.host.outbox import Outbox
+from mlx_serve.engine.host.client import RequestStream
+from mlx_serve.engine.host.frames import FrameReader
+from mlx_serve.engine.host.outbox import Outbox
 
 
 @dataclass(frozen=True, slots=True)

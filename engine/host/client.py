@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from engine.batch.admission import MemoryPlan, admit
-from engine.batch.core_parts import Ticket
-from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
-from engine.host.grammar_check import GrammarChecks
-from engine.model.facts import ModelFacts
-from engine.model.tokenizer import ChatTokenizer
-from engine.types import Admitted, EmbedInput, Emitted, Event, Finished, Request
+from mlx_serve.engine.batch.admission import MemoryPlan, admit
+from mlx_serve.engine.batch.core_parts import Ticket
+from mlx_serve.engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
+from mlx_serve.engine.host.grammar_check import GrammarChecks
+from mlx_serve.engine.model.facts import ModelFacts
+from mlx_serve.engine.model.tokenizer import ChatTokenizer
+from mlx_serve.engine.types import Admitted, EmbedInput, Emitted, Event, Finished, Request
 
 CANCELLED = object()
 

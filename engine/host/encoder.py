@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from engine.encoder.model import EncoderModel
-from engine.encoder.runner import embed_group
-from engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
-from engine.host.client import Embeddings, EngineState, ModelInfo, RequestStream
-from engine.host.owner_thread import ThreadHost, to_loop
-from engine.model.tokenizer import ChatTokenizer
-from engine.types import EmbedInput, Request
+from mlx_serve.engine.encoder.model import EncoderModel
+from mlx_serve.engine.encoder.runner import embed_group
+from mlx_serve.engine.errors import EngineUnavailable, InvalidRequest, QueueFull, ServeError
+from mlx_serve.engine.host.client import Embeddings, EngineState, ModelInfo, RequestStream
+from mlx_serve.engine.host.owner_thread import ThreadHost, to_loop
+from mlx_serve.engine.model.tokenizer import ChatTokenizer
+from mlx_serve.engine.types import EmbedInput, Request
 
 log = logging.getLogger("mlx_serve.engine")
 MAX_WAITING_INPUTS = 16384  # inputs queued or running before a call is answered 429

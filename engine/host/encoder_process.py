@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from engine.encoder.loader import load_encoder
-from engine.encoder.runner import embed_group
-from engine.errors import EngineFailed
-from engine.host.client import EngineState
-from engine.host.encoder import MAX_WAITING_INPUTS, EmbedCall, EncoderEngine, settle
+from mlx_serve.engine.encoder.loader import load_encoder
+from mlx_serve.engine.encoder.runner import embed_group
+from mlx_serve.engine.errors import EngineFailed
+from mlx_serve.engine.host.client import EngineState
+from mlx_serve.engine.host.encoder import MAX_WAITING_INPUTS, EmbedCall, EncoderEngine, settle
 
 log = logging.getLogger("mlx_serve.engine")
 READY_TIMEOUT_S = 600.0

@@ -20,10 +20,10 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import InvalidRequest, QueueFull, grammar_message
+from mlx_serve.engine.errors import InvalidRequest, QueueFull, grammar_message
 
 if TYPE_CHECKING:
-    from engine.rows.grammar import GrammarTokenizer
+    from mlx_serve.engine.rows.grammar import GrammarTokenizer
 
 GRAMMAR_WORKERS = 2
 GRAMMAR_WAITING = 16
@@ -71,7 +71,7 @@ class GrammarChecks:
     def _tokenizer(self) -> GrammarTokenizer:
         with self._vocab_lock:
             if self._vocab is None:
-                from engine.rows.grammar import GrammarTokenizer  # llguidance loads only when used
+                from mlx_serve.engine.rows.grammar import GrammarTokenizer  # llguidance loads only when used
 
                 self._vocab = GrammarTokenizer(self._wrapper)
             return self._vocab

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
-from engine.host.client import EngineClient, EngineState
+from mlx_serve.engine.host.client import EngineClient, EngineState
 
 Work = TypeVar("Work")
 STOP_TIMEOUT_S = 5.0

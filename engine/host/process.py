@@ -20,18 +20,18 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from engine.errors import EngineFailed, EngineUnavailable, ServeError
-from engine.host.child import ChildPlan, ChildProcess
-from engine.host.client import EngineClient, EngineState, RequestStream
-from engine.host.frames import POLL_GAP_S, POLL_S, FrameReader
-from engine.host.outbox import Outbox
-from engine.host.owner_thread import to_loop
-from engine.host.process_child import serve_child
-from engine.host.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
-from engine.host.process_watch import WATCH_NONCE, ProcessWatchdog
-from engine.host.watchdog import STALL_S, TICK_S, Progress
-from engine.model.tokenizer import spelling_span, warm_prompt_path
-from engine.types import Finished
+from mlx_serve.engine.errors import EngineFailed, EngineUnavailable, ServeError
+from mlx_serve.engine.host.child import ChildPlan, ChildProcess
+from mlx_serve.engine.host.client import EngineClient, EngineState, RequestStream
+from mlx_serve.engine.host.frames import POLL_GAP_S, POLL_S, FrameReader
+from mlx_serve.engine.host.outbox import Outbox
+from mlx_serve.engine.host.owner_thread import to_loop
+from mlx_serve.engine.host.process_child import serve_child
+from mlx_serve.engine.host.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
+from mlx_serve.engine.host.process_watch import WATCH_NONCE, ProcessWatchdog
+from mlx_serve.engine.host.watchdog import STALL_S, TICK_S, Progress
+from mlx_serve.engine.model.tokenizer import spelling_span, warm_prompt_path
+from mlx_serve.engine.types import Finished
 
 log = logging.getLogger("mlx_serve.engine")
 STATS_TIMEOUT_S = 5.0
@@ -276,7 +276,7 @@ class ProcessEngine(ProcessWatchdog, EngineClient):
         child.outbox.close()
         message = f"the engine process died (exit code {exitcode}); it is restarting"
         if not self.restartable:  # one rank of a group cannot rejoin it: the group restarts whole
-            from engine.host.shard import group_lost_message
+            from mlx_serve.engine.host.shard import group_lost_message
 
             shard = self.info.get("shard") or {}
             message = group_lost_message(exitcode, shard.get("mode", ""), shard.get("size", 0))
@@ -287,7 +287,7 @@ class ProcessEngine(ProcessWatchdog, EngineClient):
             return
         self.progress.idle(self._loop.time() if self._loop is not None else 0.0)
         if not self.restartable:
-            from engine.host.shard import GROUP_LOST_GRACE_S
+            from mlx_serve.engine.host.shard import GROUP_LOST_GRACE_S
 
             log.error("%s", message)
             self.state, self.error = EngineState.FAILED, message

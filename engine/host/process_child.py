@@ -13,12 +13,12 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from engine.batch.core_parts import Ticket
-from engine.errors import ServeError
-from engine.host.frames import FrameWriter
-from engine.host.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
-from engine.host.settings import LOG_FORMAT
-from engine.types import Counters, Emitted, Finished
+from mlx_serve.engine.batch.core_parts import Ticket
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.engine.host.frames import FrameWriter
+from mlx_serve.engine.host.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
+from mlx_serve.engine.host.settings import LOG_FORMAT
+from mlx_serve.engine.types import Counters, Emitted, Finished
 
 
 def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...], log_level: int = logging.INFO) -> None:

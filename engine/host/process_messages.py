@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import ServeError
-from engine.types import Emitted, Request, TextDelta
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.engine.types import Emitted, Request, TextDelta
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,10 @@ import asyncio
 import logging
 from typing import Any
 
-from engine.errors import EngineFailed
-from engine.host.client import EngineState
-from engine.host.process_messages import Abort, StatsQuery
-from engine.host.watchdog import TICK_S, Progress
+from mlx_serve.engine.errors import EngineFailed
+from mlx_serve.engine.host.client import EngineState
+from mlx_serve.engine.host.process_messages import Abort, StatsQuery
+from mlx_serve.engine.host.watchdog import TICK_S, Progress
 
 log = logging.getLogger("mlx_serve.engine")
 WATCH_NONCE = -1  # the watchdog's own StatsQuery

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.model.loader import ModelSpec
+from mlx_serve.engine.model.loader import ModelSpec
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the server's and the engine's
 
@@ -48,7 +48,7 @@ class EngineSettings:
     def capacity(self) -> int:
         """Calls that may be in flight at once: running rows plus the waiting queue (until the
         engine reports its memory plan, whose rows then size the Gate: `Gate.size`)."""
-        from engine.batch.admission import MAX_ROWS_FROM_MEMORY
+        from mlx_serve.engine.batch.admission import MAX_ROWS_FROM_MEMORY
 
         return (self.max_running or MAX_ROWS_FROM_MEMORY) + self.max_waiting
 
@@ -66,7 +66,7 @@ class ModelSource:
     host: str = "process"  # "process": a restartable child process; "thread": in this process
 
     def model_spec(self) -> ModelSpec:
-        from engine.model.loader import prepare
+        from mlx_serve.engine.model.loader import prepare
 
         return prepare(
             self.model,
@@ -77,7 +77,7 @@ class ModelSource:
         )
 
     def draft_spec(self) -> ModelSpec | None:
-        from engine.model.loader import prepare
+        from mlx_serve.engine.model.loader import prepare
 
         if not self.draft_model:
             return None

@@ -16,16 +16,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from engine.batch.core import Core
-from engine.batch.core_parts import Ticket
-from engine.errors import ServeError
-from engine.host.client import EngineState, RequestStream
-from engine.host.owner_thread import ThreadHost, to_loop
-from engine.host.process_child import live_counts
-from engine.model.facts import ModelFacts, model_facts
-from engine.model.loader import LoadedModel
-from engine.model.tokenizer import spelling_span, warm_prompt_path
-from engine.types import Counters, Event
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.core_parts import Ticket
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.engine.host.client import EngineState, RequestStream
+from mlx_serve.engine.host.owner_thread import ThreadHost, to_loop
+from mlx_serve.engine.host.process_child import live_counts
+from mlx_serve.engine.model.facts import ModelFacts, model_facts
+from mlx_serve.engine.model.loader import LoadedModel
+from mlx_serve.engine.model.tokenizer import spelling_span, warm_prompt_path
+from mlx_serve.engine.types import Counters, Event
 
 log = logging.getLogger("mlx_serve.engine")
 

@@ -28,10 +28,10 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from engine.batch.runner import BatchRunner
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.model.mlx_boundary import Model
-from engine.types import Request, SamplingParams
+from mlx_serve.engine.batch.runner import BatchRunner
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.model.mlx_boundary import Model
+from mlx_serve.engine.types import Request, SamplingParams
 
 log = logging.getLogger("mlx_serve.engine")
 

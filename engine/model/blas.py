@@ -46,7 +46,7 @@ def reexec_with_blas(choice: str) -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
     env[REEXEC_MARK] = "1"
-    os.execve(sys.executable, [sys.executable, "-m", "server", *sys.argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, "-m", "mlx_serve", *sys.argv[1:]], env)
 
 
 def blas_in_use() -> str:

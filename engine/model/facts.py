@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.model.fit import safetensors_parameters
+from mlx_serve.engine.model.fit import safetensors_parameters
 
 # llama.cpp's file types (general.file_type), by the names Ollama reports as quantization_level.
 GGUF_FILE_TYPES = {
@@ -76,7 +76,7 @@ def _folder(folder: Path) -> ModelFacts:
 
 
 def _gguf(path: Path) -> ModelFacts:
-    from engine.gguf.reader import read_gguf
+    from mlx_serve.engine.gguf.reader import read_gguf
 
     gguf = read_gguf(path)
     params = 0

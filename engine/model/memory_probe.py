@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:  # MLX itself is imported where it is measured (see the module docstring)
     import mlx.core as mx
 
-    from engine.model.mlx_boundary import Model
+    from mlx_serve.engine.model.mlx_boundary import Model
 
 KV_ALLOC_STEP = 256  # mlx_lm.models.cache.KVCache.step
 PROBE_TOKENS = 4
@@ -78,7 +78,7 @@ def probe_model(model: Model) -> Probe:
     """A few tokens through a fresh cache: the caches' shapes and dtypes give the KV cost."""
     import mlx.core as mx
 
-    from engine.model.mlx_boundary import make_prompt_cache
+    from mlx_serve.engine.model.mlx_boundary import make_prompt_cache
 
     # Never evaluated: MLX knows the shapes and dtypes of the lazy graph, so the probe costs no
     # forward pass (and no memory) even for a large model on a CPU.
@@ -89,7 +89,7 @@ def probe_model(model: Model) -> Probe:
 
 
 def _layer_cost(c: Any) -> KvCost:  # a layer of any kind, read by what it has
-    from engine.model import mlx_boundary as mc
+    from mlx_serve.engine.model import mlx_boundary as mc
 
     if isinstance(c, mc.CacheList):
         return sum((_layer_cost(x) for x in c.caches), KvCost())

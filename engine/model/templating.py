@@ -34,7 +34,7 @@ from typing import Any
 import jinja2
 from jinja2 import meta
 
-from engine.errors import ContextTooLong
+from mlx_serve.engine.errors import ContextTooLong
 
 RENDER_TIMEOUT_S = 10.0
 RENDER_MAX_CHARS = 64 << 20

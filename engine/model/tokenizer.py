@@ -7,8 +7,8 @@ import json
 import logging
 from typing import Any
 
-from engine.errors import ContextTooLong
-from engine.model import templating
+from mlx_serve.engine.errors import ContextTooLong
+from mlx_serve.engine.model import templating
 
 log = logging.getLogger("mlx_serve")
 

@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-from engine.model.mlx_boundary import BatchKVCache, KVCache
+from mlx_serve.engine.model.mlx_boundary import BatchKVCache, KVCache
 
 _ATTR = "_mlx_serve_padding"  # (the left_padding array it mirrors, its values)
 _RIGHT = "_mlx_serve_right_padding"  # prepare()'s right padding, until finalize()

@@ -17,8 +17,8 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
-from engine.errors import EngineFailed, InvalidRequest, grammar_message
-from engine.model.mlx_boundary import Tokenizer, async_eval
+from mlx_serve.engine.errors import EngineFailed, InvalidRequest, grammar_message
+from mlx_serve.engine.model.mlx_boundary import Tokenizer, async_eval
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

@@ -19,9 +19,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.model.mlx_boundary import BatchKVCache, CacheLayer, KVCache, QuantizedKVCache
-from engine.rows.batch_padding import padding_of
-from engine.rows.quantized_kv import BatchQuantizedKVCache, to_batched_quantized, to_plain_quantized
+from mlx_serve.engine.model.mlx_boundary import BatchKVCache, CacheLayer, KVCache, QuantizedKVCache
+from mlx_serve.engine.rows.batch_padding import padding_of
+from mlx_serve.engine.rows.quantized_kv import BatchQuantizedKVCache, to_batched_quantized, to_plain_quantized
 
 MakeMask = Callable[..., mx.array | None]  # BatchKVCache.make_mask
 

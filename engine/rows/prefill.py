@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from engine.model.mlx_boundary import PromptProcessingBatch
-from engine.rows.batch_padding import concat_rows
+from mlx_serve.engine.model.mlx_boundary import PromptProcessingBatch
+from mlx_serve.engine.rows.batch_padding import concat_rows
 
 
 def prefill_width(n: int) -> int:

@@ -4,7 +4,7 @@ mlx-lm quantizes a lone stream's KV (QuantizedKVCache: each is a `mx.quantize` t
 values, scales and biases, grouped along the head dimension), and its attention dispatches to
 `quantized_matmul` when the cache has `bits`; its batch caches are unquantized only. This is its
 batch twin: rows left-padded as in BatchKVCache, each row's padding known on the host (as
-engine.rows.batch_padding keeps it for the plain one), and prepare/finalize, filter, extend and
+mlx_serve.engine.rows.batch_padding keeps it for the plain one), and prepare/finalize, filter, extend and
 extract doing on each part of the triples what BatchKVCache does on its arrays.
 
 Every write, the first included, attends to the quantized cache: numerics are those of mlx-lm's
@@ -12,7 +12,7 @@ generate with a QuantizedKVCache from the first token. (mlx-lm's `kv_bits` with
 quantized_kv_start=0 lets its first prefill chunk attend to itself unquantized, so its tokens
 depend on where that chunk ends; a batch's chunks end where the step's token budget does, so a
 row's text would depend on what else ran beside it.) A row alone steps on mlx-lm's own
-QuantizedKVCache (engine.rows.lone_row), over the same buffers.
+QuantizedKVCache (mlx_serve.engine.rows.lone_row), over the same buffers.
 """
 
 from __future__ import annotations
@@ -22,8 +22,14 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-import engine.rows.batch_padding  # noqa: F401 - BatchKVCache's own methods keep the host padding
-from engine.model.mlx_boundary import BatchKVCache, CacheLayer, Model, QuantizedKVCache, make_prompt_cache
+import mlx_serve.engine.rows.batch_padding  # noqa: F401 - BatchKVCache's own methods keep the host padding
+from mlx_serve.engine.model.mlx_boundary import (
+    BatchKVCache,
+    CacheLayer,
+    Model,
+    QuantizedKVCache,
+    make_prompt_cache,
+)
 
 Triple = tuple[mx.array, mx.array, mx.array]
 KV_BITS = (4, 8)
@@ -225,7 +231,7 @@ class BatchQuantizedKVCache(BatchKVCache):
 def can_quantize(model: Model) -> bool:
     """Whether every layer's cache is a plain KV cache (rotating, chunked or state caches are not
     quantized here)."""
-    from engine.model.mlx_boundary import KVCache
+    from mlx_serve.engine.model.mlx_boundary import KVCache
 
     return all(type(c) is KVCache for c in make_prompt_cache(model))
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from engine.model.mlx_boundary import LogitsProcessor, Sampler, greedy_sampler
+from mlx_serve.engine.model.mlx_boundary import LogitsProcessor, Sampler, greedy_sampler
 
 log = logging.getLogger("mlx_serve.engine")
 

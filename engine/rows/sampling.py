@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from engine.model.mlx_boundary import (
+from mlx_serve.engine.model.mlx_boundary import (
     LogitsProcessor,
     Sampler,
     apply_min_p,
@@ -20,7 +20,7 @@ from engine.model.mlx_boundary import (
     greedy_sampler,
     make_logits_processors,
 )
-from engine.types import MIN_TOP_P, SamplingParams
+from mlx_serve.engine.types import MIN_TOP_P, SamplingParams
 
 
 class RowSampler:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.types import FinishReason
+from mlx_serve.engine.types import FinishReason
 
 
 @dataclass(frozen=True, slots=True)

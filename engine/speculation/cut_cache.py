@@ -20,8 +20,8 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-from engine.model.mlx_boundary import BatchKVCache, KVCache, create_causal_mask
-from engine.speculation import MIN_HOLES_TO_COMPACT  # engine.batch.admission charges for them
+from mlx_serve.engine.model.mlx_boundary import BatchKVCache, KVCache, create_causal_mask
+from mlx_serve.engine.speculation import MIN_HOLES_TO_COMPACT  # engine.batch.admission charges for them
 
 
 class CutKVCache(BatchKVCache):

@@ -14,8 +14,8 @@ from typing import cast
 
 import mlx.core as mx
 
-from engine.model.mlx_boundary import BatchKVCache, KVCache, Model, make_prompt_cache
-from engine.speculation.cut_cache import cut_rows
+from mlx_serve.engine.model.mlx_boundary import BatchKVCache, KVCache, Model, make_prompt_cache
+from mlx_serve.engine.speculation.cut_cache import cut_rows
 
 CATCH_UP = 16  # the widest piece a lagging draft cache catches up by in one forward
 

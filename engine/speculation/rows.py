@@ -12,15 +12,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine.model.memory_probe import weights_bytes
-from engine.model.mlx_boundary import Model
-from engine.rows.row_guard import RowFaults
-from engine.rows.step_records import StepOutput
-from engine.speculation.draft_model import DraftRows
-from engine.speculation.drafting import PREDICTION_K, Draft, PredictionLookup, PromptLookup, RowSpeculation
-from engine.speculation.gate import TYPICAL_ACCEPTANCE, SpeculationGate, breakeven_acceptance
-from engine.speculation.verify import SpecBatch, can_speculate
-from engine.types import Request
+from mlx_serve.engine.model.memory_probe import weights_bytes
+from mlx_serve.engine.model.mlx_boundary import Model
+from mlx_serve.engine.rows.row_guard import RowFaults
+from mlx_serve.engine.rows.step_records import StepOutput
+from mlx_serve.engine.speculation.draft_model import DraftRows
+from mlx_serve.engine.speculation.drafting import (
+    PREDICTION_K,
+    Draft,
+    PredictionLookup,
+    PromptLookup,
+    RowSpeculation,
+)
+from mlx_serve.engine.speculation.gate import TYPICAL_ACCEPTANCE, SpeculationGate, breakeven_acceptance
+from mlx_serve.engine.speculation.verify import SpecBatch, can_speculate
+from mlx_serve.engine.types import Request
 
 
 @dataclass(frozen=True, slots=True)

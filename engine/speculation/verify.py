@@ -23,7 +23,7 @@ from typing import cast
 
 import mlx.core as mx
 
-from engine.model.mlx_boundary import (
+from mlx_serve.engine.model.mlx_boundary import (
     BatchKVCache,
     CacheLayer,
     GenerationBatch,
@@ -32,10 +32,10 @@ from engine.model.mlx_boundary import (
     greedy_sampler,
     make_prompt_cache,
 )
-from engine.rows.lone_row import can_go_plain, to_batched, to_plain
-from engine.speculation.cut_cache import cut_rows
-from engine.speculation.draft_model import DraftRows
-from engine.speculation.drafting import Draft
+from mlx_serve.engine.rows.lone_row import can_go_plain, to_batched, to_plain
+from mlx_serve.engine.speculation.cut_cache import cut_rows
+from mlx_serve.engine.speculation.draft_model import DraftRows
+from mlx_serve.engine.speculation.drafting import Draft
 
 
 class DraftMismatch(ValueError):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.text.stops import partial_suffix_len
-from engine.types import Delta, ReasoningDelta, TextDelta
+from mlx_serve.engine.text.stops import partial_suffix_len
+from mlx_serve.engine.types import Delta, ReasoningDelta, TextDelta
 
 
 @dataclass(slots=True)

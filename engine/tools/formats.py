@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.tools.json_calls import JsonCalls, tool_names
-from engine.tools.sink import BodyParser, CallSink, NotACall
-from engine.tools.xml_calls import XmlCalls
+from mlx_serve.engine.tools.json_calls import JsonCalls, tool_names
+from mlx_serve.engine.tools.sink import BodyParser, CallSink, NotACall
+from mlx_serve.engine.tools.xml_calls import XmlCalls
 
 Parse = Callable[[str, Any], Any]
 MLX_LM_PARSERS = "mlx_lm.tool_parsers"

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.tools.json_scan import JsonScanner
-from engine.tools.sink import CallSink, NotACall
+from mlx_serve.engine.tools.json_scan import JsonScanner
+from mlx_serve.engine.tools.sink import CallSink, NotACall
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 ARGS_TAG = "[ARGS]"

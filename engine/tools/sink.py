@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.types import Delta, ToolCallArgsDelta, ToolCallStart
+from mlx_serve.engine.types import Delta, ToolCallArgsDelta, ToolCallStart
 
 
 class NotACall(ValueError):

@@ -22,10 +22,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.text.stops import partial_suffix_len
-from engine.tools.formats import ToolFormat
-from engine.tools.sink import BodyParser, CallSink, NotACall
-from engine.types import Delta, TextDelta
+from mlx_serve.engine.text.stops import partial_suffix_len
+from mlx_serve.engine.tools.formats import ToolFormat
+from mlx_serve.engine.tools.sink import BodyParser, CallSink, NotACall
+from mlx_serve.engine.types import Delta, TextDelta
 
 log = logging.getLogger("mlx_serve.engine")
 

@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine.text.stops import partial_suffix_len
-from engine.tools.sink import CallSink, NotACall
+from mlx_serve.engine.text.stops import partial_suffix_len
+from mlx_serve.engine.tools.sink import CallSink, NotACall
 
 FUNCTION, PARAMETER = "<function=", "<parameter="
 END_FUNCTION, END_PARAMETER = "</function>", "</parameter>"

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from server.service import systemd_quote
+from mlx_serve.server.service import systemd_quote
 from tests.support.server_proc import ROOT
 
 PLIST = ROOT / "deploy" / "launchd" / "local.mlx-serve.plist"
 UNIT = ROOT / "deploy" / "systemd" / "mlx-serve.service"
-SERVICE = [sys.executable, "-m", "server", "service"]
+SERVICE = [sys.executable, "-m", "mlx_serve", "service"]
 
 
 def service(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -149,7 +149,7 @@ def test_shipped_systemd_unit_verifies_with_a_real_executable(tmp_path: Path) ->
 
 
 def test_example_settings_file_loads() -> None:
-    from server.config import load_config
+    from mlx_serve.server.config import load_config
 
     cfg = load_config(["--config", str(ROOT / "deploy" / "mlx-serve.toml")])
     assert cfg.max_body_bytes == 32 * 2**20 and cfg.shutdown_timeout_s == 30 and cfg.host == "127.0.0.1"

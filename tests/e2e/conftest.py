@@ -13,7 +13,7 @@ def oracle(smollm_path: Path) -> Any:
     """mlx-lm's own greedy generation on the same folder: the reference text and token count."""
     from mlx_lm import load, stream_generate
 
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path))
     model = maybe_dequantize(model)  # the weights the server runs (float32 on a CPU)

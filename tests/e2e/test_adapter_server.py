@@ -34,7 +34,7 @@ def adapted(smollm_path: Path, adapter: Path) -> Reference:
     """mlx-lm's own greedy text with the adapter (on the float32 weights a CPU server runs)."""
     from mlx_lm import load, stream_generate
 
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path), adapter_path=str(adapter))[:2]
     model = maybe_dequantize(model)

@@ -24,10 +24,10 @@ from typing import Any, ClassVar
 import msgspec
 import pytest
 
-from engine.model.tokenizer import ChatTokenizer
-from protocols import anthropic_messages
-from protocols.anthropic_request import MESSAGES_DECODER, InputMessage, MessagesBody
-from protocols.contract import Defaults, ProtocolContext
+from mlx_serve.engine.model.tokenizer import ChatTokenizer
+from mlx_serve.protocols import anthropic_messages
+from mlx_serve.protocols.anthropic_request import MESSAGES_DECODER, InputMessage, MessagesBody
+from mlx_serve.protocols.contract import Defaults, ProtocolContext
 from tests.e2e import clis
 from tests.support.server_proc import ServerProcess
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.model import loader
+from mlx_serve.engine.model import loader
 from tests.support.server_proc import ServerProcess
 
 

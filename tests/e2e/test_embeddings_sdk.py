@@ -13,9 +13,9 @@ import numpy as np
 import openai
 import pytest
 
-from engine.encoder.loader import load_encoder
-from engine.encoder.pooling import finish
-from engine.encoder.runner import pooled
+from mlx_serve.engine.encoder.loader import load_encoder
+from mlx_serve.engine.encoder.pooling import finish
+from mlx_serve.engine.encoder.runner import pooled
 from tests.support.server_proc import ServerProcess
 
 pytestmark = pytest.mark.real

@@ -30,7 +30,7 @@ def test_a_taken_port_is_one_error_line_and_no_greeting(smollm_path: Path) -> No
         taken.listen()
         port = taken.getsockname()[1]
         out = subprocess.run(
-            [sys.executable, "-m", "server", "--model", str(smollm_path), "--port", str(port)],
+            [sys.executable, "-m", "mlx_serve", "--model", str(smollm_path), "--port", str(port)],
             cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
     assert out.returncode == 1
@@ -40,7 +40,7 @@ def test_a_taken_port_is_one_error_line_and_no_greeting(smollm_path: Path) -> No
 
 def test_help_names_the_commands_and_what_compatibility_flags_do() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "server", "--help"],
+        [sys.executable, "-m", "mlx_serve", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -57,7 +57,7 @@ def test_help_names_the_commands_and_what_compatibility_flags_do() -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process name is set with Linux's prctl")
 def test_the_server_process_is_named_mlx_serve(smollm_server: ServerProcess) -> None:
     comm = Path(f"/proc/{smollm_server.proc.pid}/comm").read_text().strip()
-    assert comm == "mlx-serve"  # `pgrep mlx-serve` finds it, though it was started as python -m server
+    assert comm == "mlx-serve"  # `pgrep mlx-serve` finds it, though it was started as python -m mlx_serve
 
 
 def test_both_command_names_are_installed() -> None:

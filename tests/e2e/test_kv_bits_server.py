@@ -30,7 +30,7 @@ def quantized_reference(smollm_path: Path, max_tokens: int) -> str:
     from mlx_lm import load, stream_generate
     from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path))
     model = maybe_dequantize(model)  # the weights the server runs (float32 on a CPU)

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.model.loader import cache_root
+from mlx_serve.engine.model.loader import cache_root
 from tests.e2e import clis
 from tests.e2e.test_codex import lean
 from tests.support.server_proc import ServerProcess, free_port
@@ -34,7 +34,7 @@ def run_launch(scratch: Path, *argv: str, timeout_s: float = 900) -> subprocess.
     for name in ("LD_PRELOAD", "MLX_SERVE_BLAS_CHOSEN"):
         if name in os.environ:
             env[name] = os.environ[name]
-    cmd = [sys.executable, "-m", "server", "launch", *argv]
+    cmd = [sys.executable, "-m", "mlx_serve", "launch", *argv]
     with open(os.devnull, "rb") as stdin:
         return subprocess.run(
             cmd,

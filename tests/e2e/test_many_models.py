@@ -143,7 +143,7 @@ def test_a_crash_in_one_models_engine_leaves_the_other_answering(two: ServerProc
 def test_load_on_demand_least_recently_used_idle_unload_and_admin(smollm_path: Path, tmp_path: Path) -> None:
     # SmolLM2 twice, from two sources (its converted folder and its GGUF file): each needs about
     # 0.9 GiB served as float32, so 1.5 GiB holds one of them at a time.
-    from engine.model.loader import default_gguf
+    from mlx_serve.engine.model.loader import default_gguf
 
     args = ["--model", f"smol={smollm_path}", "--model", f"smol2={default_gguf()}", "--memory-budget", "1.5G"]
     server = ServerProcess([*args, "--idle-unload-s", "4"], tmp_path / "server.log", bare=True)

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from server.app import App
-from server.cli import serving_stack
-from server.config import Config
-from server.shutdown import Drain
+from mlx_serve.server.app import App
+from mlx_serve.server.cli import serving_stack
+from mlx_serve.server.config import Config
+from mlx_serve.server.shutdown import Drain
 from tests.support.fake_engine import fake_engine
 from tests.support.hypercorn_app import hypercorn_serving
 from tests.support.png import read_png

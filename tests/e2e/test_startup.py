@@ -14,7 +14,7 @@ from tests.support.server_proc import ROOT, ServerProcess, free_port
 
 
 def run_server(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "server", *args]
+    cmd = [sys.executable, "-m", "mlx_serve", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 

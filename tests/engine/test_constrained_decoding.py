@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from engine.batch.core import Core
-from engine.batch.core_parts import Ticket
-from engine.batch.runner import BatchRunner
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.errors import InvalidRequest, ServeError
-from engine.types import (
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.core_parts import Ticket
+from mlx_serve.engine.batch.runner import BatchRunner
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.engine.types import (
     Admitted,
     Counters,
     Event,
@@ -34,7 +34,7 @@ from engine.types import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
-from protocols import structured
+from mlx_serve.protocols import structured
 from tests.support.json_check import errors
 
 SCHEMAS: list[dict[str, Any]] = [
@@ -331,7 +331,7 @@ def test_constrained_rows_share_a_batch_with_speculating_rows(tiny: tuple[Any, A
         )
         for i, s in enumerate(SCHEMAS[:3])
     ]
-    from engine.speculation.rows import Speculation
+    from mlx_serve.engine.speculation.rows import Speculation
 
     scheduler = Scheduler(SchedulerConfig(draft_tokens=3), frozenset(tokenizer.eos_token_ids))
     runner = BatchRunner(model, speculation=Speculation(None, 3, gated=False))

@@ -11,8 +11,8 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engine.model import dequantized
-from engine.model.loader import is_quantized, load_model, prepare
+from mlx_serve.engine.model import dequantized
+from mlx_serve.engine.model.loader import is_quantized, load_model, prepare
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from engine.host.shard import GROUP_LOST_EXIT, ShardMode, ShardRefused, group_lost_message
-from engine.host.shard.channel import HEADER_BYTES, Admit, Channel, Message, Reset, Step, checksum
-from engine.host.shard.follower import Diverged, Follower
-from engine.host.shard.leader import LeaderRunner
-from engine.rows.step_records import PrefillChunk, StepOutput, StepPlan
-from engine.types import Request
+from mlx_serve.engine.host.shard import GROUP_LOST_EXIT, ShardMode, ShardRefused, group_lost_message
+from mlx_serve.engine.host.shard.channel import HEADER_BYTES, Admit, Channel, Message, Reset, Step, checksum
+from mlx_serve.engine.host.shard.follower import Diverged, Follower
+from mlx_serve.engine.host.shard.leader import LeaderRunner
+from mlx_serve.engine.rows.step_records import PrefillChunk, StepOutput, StepPlan
+from mlx_serve.engine.types import Request
 
 
 @dataclass(slots=True)
@@ -132,7 +132,7 @@ def test_leader_reports_a_lost_rank_the_ring_noticed() -> None:
 
 
 def test_watch_sees_a_peer_process_end() -> None:
-    from engine.host.shard import watch
+    from mlx_serve.engine.host.shard import watch
 
     server = watch.listen("127.0.0.1")
     port = server.getsockname()[1]
@@ -167,7 +167,7 @@ def _llama(heads: int, kv_heads: int) -> Any:
 
 
 def test_check_shardable_refuses_by_name_what_mlx_lm_cannot_split() -> None:
-    from engine.host.shard.load import check_shardable
+    from mlx_serve.engine.host.shard.load import check_shardable
 
     smollm_like = _llama(9, 3)  # SmolLM2-135M: 9 heads, 3 KV heads
     with pytest.raises(ShardRefused, match="attention heads 9, KV heads 3"):
@@ -180,7 +180,7 @@ def test_check_shardable_refuses_by_name_what_mlx_lm_cannot_split() -> None:
 def test_check_shardable_accepts_qwen2_both_ways() -> None:
     from mlx_lm.models import qwen2
 
-    from engine.host.shard.load import check_shardable
+    from mlx_serve.engine.host.shard.load import check_shardable
 
     args = {
         "model_type": "qwen2",
@@ -200,7 +200,7 @@ def test_check_shardable_accepts_qwen2_both_ways() -> None:
 
 
 def test_prefix_cache_cap_scales_with_this_ranks_kv_so_ranks_evict_alike() -> None:
-    from engine.host.shard.group import MemoryAgreement
+    from mlx_serve.engine.host.shard.group import MemoryAgreement
 
     agreement = MemoryAgreement(group=None, kv_leader=3000, kv_self=5000)  # 3 layers here, 5 there
     cap = agreement.prefix_bytes(1 << 30)
@@ -215,13 +215,13 @@ def test_group_lost_message_names_the_cause() -> None:
 
 
 def test_sharded_engine_process_that_dies_is_not_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.host.shard
-    from engine.host.child import ChildProcess
-    from engine.host.client import EngineState
-    from engine.host.outbox import Outbox
-    from engine.host.process import ProcessEngine
+    import mlx_serve.engine.host.shard
+    from mlx_serve.engine.host.child import ChildProcess
+    from mlx_serve.engine.host.client import EngineState
+    from mlx_serve.engine.host.outbox import Outbox
+    from mlx_serve.engine.host.process import ProcessEngine
 
-    monkeypatch.setattr(engine.host.shard, "GROUP_LOST_GRACE_S", 0.0)
+    monkeypatch.setattr(mlx_serve.engine.host.shard, "GROUP_LOST_GRACE_S", 0.0)
 
     async def scenario() -> tuple[ProcessEngine, list[str]]:
         engine_ = ProcessEngine(lambda: (None, ()), restartable=False)

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.model.loader import load_tokenizer, prepare
-from engine.rows.grammar import GrammarTokenizer
-from protocols import structured
+from mlx_serve.engine.model.loader import load_tokenizer, prepare
+from mlx_serve.engine.rows.grammar import GrammarTokenizer
+from mlx_serve.protocols import structured
 
 pytestmark = pytest.mark.real
 

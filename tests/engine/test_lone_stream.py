@@ -17,12 +17,12 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from engine.batch.core import Core
-from engine.batch.core_parts import Ticket
-from engine.batch.runner import BatchRunner
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.errors import EngineFailed
-from engine.types import Counters, Event, Finished, FinishReason, Request, SamplingParams, TextDelta
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.core_parts import Ticket
+from mlx_serve.engine.batch.runner import BatchRunner
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.errors import EngineFailed
+from mlx_serve.engine.types import Counters, Event, Finished, FinishReason, Request, SamplingParams, TextDelta
 from tests.engine.batch.test_runner import prompt_ids, reference
 
 
@@ -30,7 +30,7 @@ from tests.engine.batch.test_runner import prompt_ids, reference
 def smollm(smollm_path: Path) -> tuple[Any, Any]:
     from mlx_lm import load
 
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path))
     return maybe_dequantize(model), tokenizer

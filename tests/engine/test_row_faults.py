@@ -17,15 +17,15 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from engine.batch.core import Core
-from engine.batch.core_parts import Ticket
-from engine.batch.runner import BatchRunner
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.errors import EngineFailed, ServeError
-from engine.model.mlx_boundary import LogitsProcessor
-from engine.rows.sampling import RowSampler
-from engine.speculation.rows import Speculation
-from engine.types import Counters, Event, Finished, Request, SamplingParams, TextDelta
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.core_parts import Ticket
+from mlx_serve.engine.batch.runner import BatchRunner
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.errors import EngineFailed, ServeError
+from mlx_serve.engine.model.mlx_boundary import LogitsProcessor
+from mlx_serve.engine.rows.sampling import RowSampler
+from mlx_serve.engine.speculation.rows import Speculation
+from mlx_serve.engine.types import Counters, Event, Finished, Request, SamplingParams, TextDelta
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -43,7 +43,7 @@ PHASES = ["admit", "prefill", "decode", "verify", "detokenize", "tools"]
 def smollm(smollm_path: Path) -> tuple[Any, Any]:
     from mlx_lm import load
 
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path))
     return maybe_dequantize(model), tokenizer

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from engine.errors import InvalidRequest
-from engine.types import Request, SamplingParams
-from engine.validation import SEED_LIMIT, Limits, validate_call
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.types import Request, SamplingParams
+from mlx_serve.engine.validation import SEED_LIMIT, Limits, validate_call
 
 LIMITS = Limits(vocab_size=1000, context_length=4096)
 GOOD = Request("r", (1, 2, 3), SamplingParams(temperature=0.7, seed=1), max_tokens=8)
@@ -97,7 +97,7 @@ def test_validation_checks_every_choice_of_a_call() -> None:
 def test_every_real_sampling_knob_declares_the_range_validation_checks() -> None:
     from dataclasses import fields
 
-    from engine.types import SamplingParams
+    from mlx_serve.engine.types import SamplingParams
 
     real = [f.name for f in fields(SamplingParams) if f.type in ("float", float)]
     assert real and all("range" in f.metadata for f in fields(SamplingParams) if f.name in real)

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.types import SamplingParams
-from protocols.contract import Defaults, Frames, ProtocolContext
-from server.writer import encode
+from mlx_serve.engine.types import SamplingParams
+from mlx_serve.protocols.contract import Defaults, Frames, ProtocolContext
+from mlx_serve.server.writer import encode
 
 VOCAB_SIZE = 1000
 CREATED = 1_700_000_000

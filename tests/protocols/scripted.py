@@ -12,10 +12,10 @@ from typing import Any
 import httpx2
 import orjson
 
-from engine.errors import ServeError
-from engine.types import Admitted, Event, Finished, FinishReason, TextDelta, Usage
-from protocols.contract import Job, ProtocolContext, WireFormat
-from server.writer import Accumulator, encode
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.engine.types import Admitted, Event, Finished, FinishReason, TextDelta, Usage
+from mlx_serve.protocols.contract import Job, ProtocolContext, WireFormat
+from mlx_serve.server.writer import Accumulator, encode
 
 Route = Callable[[httpx2.Request], tuple[int, bytes]]
 SSE = "text/event-stream; charset=utf-8"

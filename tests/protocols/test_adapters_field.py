@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from engine.errors import InvalidRequest
-from protocols import openai_chat, openai_completions
-from protocols.contract import Job, ProtocolContext, WireFormat
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.protocols import openai_chat, openai_completions
+from mlx_serve.protocols.contract import Job, ProtocolContext, WireFormat
 
 FORMATS = [
     (openai_chat.FORMAT, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),

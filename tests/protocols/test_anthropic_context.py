@@ -15,10 +15,10 @@ import pydantic
 import pytest
 from anthropic.types.beta import BetaMessage, BetaRawMessageStreamEvent
 
-from engine.errors import InvalidRequest
-from engine.types import Finished, FinishReason, TextDelta, Usage
-from protocols import anthropic_context, anthropic_messages
-from protocols.contract import Job, ProtocolContext, WireFormat
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.types import Finished, FinishReason, TextDelta, Usage
+from mlx_serve.protocols import anthropic_context, anthropic_messages
+from mlx_serve.protocols.contract import Job, ProtocolContext, WireFormat
 from tests.protocols.conftest import FakeTokenizer
 from tests.protocols.scripted import ScriptedServer, render_json, render_stream, sse_events, text_events
 

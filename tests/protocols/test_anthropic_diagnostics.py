@@ -11,10 +11,10 @@ import pytest
 from anthropic._models import construct_type
 from anthropic.types.beta import BetaMessage
 
-from engine.types import CacheMiss, Finished, FinishReason, TextDelta, Usage
-from protocols.anthropic_diagnostics import BETA, CacheDiagnoser
-from protocols.anthropic_messages import AnthropicMessages
-from protocols.contract import Job, ProtocolContext
+from mlx_serve.engine.types import CacheMiss, Finished, FinishReason, TextDelta, Usage
+from mlx_serve.protocols.anthropic_diagnostics import BETA, CacheDiagnoser
+from mlx_serve.protocols.anthropic_messages import AnthropicMessages
+from mlx_serve.protocols.contract import Job, ProtocolContext
 from tests.protocols.scripted import render_json, render_stream, sse_events
 
 BASH: Any = {"name": "Bash", "input_schema": {"type": "object", "properties": {}}}

@@ -14,7 +14,7 @@ import pydantic
 import pytest
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
 
-from engine.errors import (
+from mlx_serve.engine.errors import (
     ContextTooLong,
     EngineFailed,
     EngineUnavailable,
@@ -22,7 +22,7 @@ from engine.errors import (
     QueueFull,
     ServeError,
 )
-from engine.types import (
+from mlx_serve.engine.types import (
     Event,
     Finished,
     FinishReason,
@@ -33,8 +33,8 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols import anthropic_messages, structured
-from protocols.contract import (
+from mlx_serve.protocols import anthropic_messages, structured
+from mlx_serve.protocols.contract import (
     Job,
     MethodNotAllowed,
     NotFound,
@@ -46,7 +46,7 @@ from protocols.contract import (
     Unauthorized,
     WireFormat,
 )
-from server.writer import encode_frame
+from mlx_serve.server.writer import encode_frame
 from tests.protocols.scripted import (
     ScriptedServer,
     render_json,

@@ -9,13 +9,13 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.errors import ServeError
-from engine.types import Finished, FinishReason, ToolCallArgsDelta, ToolCallStart, Usage
-from protocols.anthropic_messages import AnthropicMessages
-from protocols.anthropic_stream import error_json
-from protocols.anthropic_threads import ThreadStore
-from protocols.contract import Job, ProtocolContext
-from protocols.responses_store import ResponsesStore
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.engine.types import Finished, FinishReason, ToolCallArgsDelta, ToolCallStart, Usage
+from mlx_serve.protocols.anthropic_messages import AnthropicMessages
+from mlx_serve.protocols.anthropic_stream import error_json
+from mlx_serve.protocols.anthropic_threads import ThreadStore
+from mlx_serve.protocols.contract import Job, ProtocolContext
+from mlx_serve.protocols.responses_store import ResponsesStore
 from tests.protocols.scripted import render_json, render_stream, text_events
 
 BASH: Any = {

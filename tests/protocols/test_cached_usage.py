@@ -17,12 +17,12 @@ import openai.types.responses
 import orjson
 import pytest
 
-from engine.errors import EngineFailed
-from engine.types import Admitted, Usage
-from protocols import anthropic_messages, openai_chat, openai_completions
-from protocols.contract import ProtocolContext, WireFormat
-from protocols.openai_responses import OpenAIResponses
-from protocols.responses_store import ResponsesStore
+from mlx_serve.engine.errors import EngineFailed
+from mlx_serve.engine.types import Admitted, Usage
+from mlx_serve.protocols import anthropic_messages, openai_chat, openai_completions
+from mlx_serve.protocols.contract import ProtocolContext, WireFormat
+from mlx_serve.protocols.openai_responses import OpenAIResponses
+from mlx_serve.protocols.responses_store import ResponsesStore
 from tests.protocols.scripted import ScriptedServer, render_json, render_stream, sse_events, text_events
 
 PROMPT, CACHED = 12, 8

@@ -22,9 +22,9 @@ from ollama import (
     ShowResponse,
 )
 
-from engine.errors import InvalidRequest
-from engine.host.client import Embeddings
-from engine.types import (
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.host.client import Embeddings
+from mlx_serve.engine.types import (
     EngineTimings,
     Finished,
     FinishReason,
@@ -35,10 +35,10 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols import ollama, ollama_embed, ollama_facts
-from protocols.contract import Frames, Framing, ProtocolContext, Result, ToolCall
-from protocols.ollama_render import OllamaJob
-from server.writer import encode
+from mlx_serve.protocols import ollama, ollama_embed, ollama_facts
+from mlx_serve.protocols.contract import Frames, Framing, ProtocolContext, Result, ToolCall
+from mlx_serve.protocols.ollama_render import OllamaJob
+from mlx_serve.server.writer import encode
 from tests.protocols.conftest import FakeTokenizer
 
 USER = {"role": "user", "content": "hi"}

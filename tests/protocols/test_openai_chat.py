@@ -11,11 +11,11 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from engine.errors import EngineFailed, InvalidRequest
-from engine.types import Finished, FinishReason, TextDelta, TokenLogprob, Usage
-from protocols import openai_chat, structured
-from protocols.contract import KEEP_ALIVE, Frames, Job, ProtocolContext, Result, WireFormat
-from protocols.openai_render import DONE
+from mlx_serve.engine.errors import EngineFailed, InvalidRequest
+from mlx_serve.engine.types import Finished, FinishReason, TextDelta, TokenLogprob, Usage
+from mlx_serve.protocols import openai_chat, structured
+from mlx_serve.protocols.contract import KEEP_ALIVE, Frames, Job, ProtocolContext, Result, WireFormat
+from mlx_serve.protocols.openai_render import DONE
 
 FORMAT: WireFormat = openai_chat.FORMAT
 USER = {"role": "user", "content": "hi"}

@@ -9,7 +9,7 @@ import openai
 import orjson
 import pytest
 
-from engine.errors import (
+from mlx_serve.engine.errors import (
     ContextTooLong,
     EngineFailed,
     EngineUnavailable,
@@ -17,9 +17,9 @@ from engine.errors import (
     QueueFull,
     ServeError,
 )
-from engine.types import SamplingParams
-from protocols import openai_chat, openai_common, openai_completions, openai_render, structured
-from protocols.contract import (
+from mlx_serve.engine.types import SamplingParams
+from mlx_serve.protocols import openai_chat, openai_common, openai_completions, openai_render, structured
+from mlx_serve.protocols.contract import (
     Job,
     MethodNotAllowed,
     NotFound,

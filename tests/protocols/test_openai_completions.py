@@ -10,10 +10,10 @@ import orjson
 import pytest
 from openai.types import Completion
 
-from engine.errors import InvalidRequest, QueueFull
-from engine.types import Finished, FinishReason, TextDelta, Usage
-from protocols import openai_completions
-from protocols.contract import KEEP_ALIVE, Frames, Job, ProtocolContext, Result, WireFormat
+from mlx_serve.engine.errors import InvalidRequest, QueueFull
+from mlx_serve.engine.types import Finished, FinishReason, TextDelta, Usage
+from mlx_serve.protocols import openai_completions
+from mlx_serve.protocols.contract import KEEP_ALIVE, Frames, Job, ProtocolContext, Result, WireFormat
 
 FORMAT: WireFormat = openai_completions.FORMAT
 Split = Callable[[Frames], list[Any]]

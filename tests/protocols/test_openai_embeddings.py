@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from engine.errors import InvalidRequest
-from engine.host.client import Embeddings
-from protocols import openai_embeddings as oe
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.host.client import Embeddings
+from mlx_serve.protocols import openai_embeddings as oe
 
 
 def parse(body: dict[str, object]) -> oe.EmbedJob:

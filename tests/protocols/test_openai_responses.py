@@ -13,8 +13,8 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
-from engine.errors import EngineFailed, InvalidRequest, QueueFull, ServeError
-from engine.types import (
+from mlx_serve.engine.errors import EngineFailed, InvalidRequest, QueueFull, ServeError
+from mlx_serve.engine.types import (
     Event,
     Finished,
     FinishReason,
@@ -25,9 +25,9 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols import openai_responses, structured
-from protocols.contract import KEEP_ALIVE, NotFound, ProtocolContext, Result
-from protocols.openai_responses import OpenAIResponses, ResponsesJob, ResponsesStore
+from mlx_serve.protocols import openai_responses, structured
+from mlx_serve.protocols.contract import KEEP_ALIVE, NotFound, ProtocolContext, Result
+from mlx_serve.protocols.openai_responses import OpenAIResponses, ResponsesJob, ResponsesStore
 from tests.protocols.scripted import (
     ScriptedServer,
     render_json,
@@ -837,7 +837,7 @@ def test_stream_heartbeat_and_empty_deltas(fmt: OpenAIResponses, ctx: ProtocolCo
 
 
 def test_renderer_rejects_foreign_jobs(fmt: OpenAIResponses, ctx: ProtocolContext) -> None:
-    from protocols import openai_chat
+    from mlx_serve.protocols import openai_chat
 
     job = openai_chat.FORMAT.parse(orjson.dumps({"messages": [USER]}), ctx)
     with pytest.raises(TypeError):

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from protocols import reasoning
-from protocols.contract import ProtocolContext
+from mlx_serve.protocols import reasoning
+from mlx_serve.protocols.contract import ProtocolContext
 
 
 @pytest.fixture

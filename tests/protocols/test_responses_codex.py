@@ -16,8 +16,8 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent, ResponseUsage
 
-from engine.errors import EngineFailed, InvalidRequest
-from engine.types import (
+from mlx_serve.engine.errors import EngineFailed, InvalidRequest
+from mlx_serve.engine.types import (
     Event,
     Finished,
     FinishReason,
@@ -27,11 +27,11 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols import structured
-from protocols.contract import NotFound, ProtocolContext, Result
-from protocols.openai_responses import OpenAIResponses, ResponsesJob, ResponsesStore
-from protocols.responses_compact import COMPACTION_PROMPT
-from protocols.responses_input import SUMMARY_HEADING, opaque, unwrap
+from mlx_serve.protocols import structured
+from mlx_serve.protocols.contract import NotFound, ProtocolContext, Result
+from mlx_serve.protocols.openai_responses import OpenAIResponses, ResponsesJob, ResponsesStore
+from mlx_serve.protocols.responses_compact import COMPACTION_PROMPT
+from mlx_serve.protocols.responses_input import SUMMARY_HEADING, opaque, unwrap
 from tests.protocols.scripted import ScriptedServer, render_json, render_stream, sse_events
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from engine.errors import InvalidRequest
-from protocols import structured
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.protocols import structured
 
 TOOL: Any = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 

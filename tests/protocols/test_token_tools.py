@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from protocols import openai_chat, token_tools
-from protocols.contract import ProtocolContext
+from mlx_serve.protocols import openai_chat, token_tools
+from mlx_serve.protocols.contract import ProtocolContext
 from tests.protocols.conftest import FakeTokenizer
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.host.client import RequestStream
-from engine.types import Admitted, CacheMiss, Finished, FinishReason, Request, TextDelta, Usage
-from server.observe import RequestRecord, log_line, trace_line
+from mlx_serve.engine.host.client import RequestStream
+from mlx_serve.engine.types import Admitted, CacheMiss, Finished, FinishReason, Request, TextDelta, Usage
+from mlx_serve.server.observe import RequestRecord, log_line, trace_line
 
 
 def test_the_access_log_names_the_cache_miss_and_the_protocols_reason() -> None:

@@ -10,11 +10,11 @@ from typing import Any
 
 import orjson
 
-from engine.host.client import EngineClient
-from server.app import App
-from server.config import Config
-from server.models_file import ModelEntry, with_adapters
-from server.registry import Need, Registry, Slot
+from mlx_serve.engine.host.client import EngineClient
+from mlx_serve.server.app import App
+from mlx_serve.server.config import Config
+from mlx_serve.server.models_file import ModelEntry, with_adapters
+from mlx_serve.server.registry import Need, Registry, Slot
 from tests.support.asgi import Reply, call
 from tests.support.fake_engine import fake_engine
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from server.app import App
-from server.auth import ApiKeys, AuthMiddleware, KeyFileError, load_api_keys, presented_keys
-from server.cli import with_cors
-from server.config import Config, load_config
+from mlx_serve.server.app import App
+from mlx_serve.server.auth import ApiKeys, AuthMiddleware, KeyFileError, load_api_keys, presented_keys
+from mlx_serve.server.cli import with_cors
+from mlx_serve.server.config import Config, load_config
 from tests.support.asgi import Reply, call
 from tests.support.fake_engine import fake_engine
 
@@ -157,7 +157,7 @@ def test_auth_compares_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr("server.auth.hmac.compare_digest", spy)
+    monkeypatch.setattr("mlx_serve.server.auth.hmac.compare_digest", spy)
     keys = ApiKeys(["k1", "k2"])
     assert keys.check([b"k1"]) and not keys.check([b"nope"]) and not keys.check([])
     # every key is compared, whichever matches

@@ -8,9 +8,9 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from engine.model.fit import fit_folder
-from server import commands, launch
-from server.cli import main
+from mlx_serve.engine.model.fit import fit_folder
+from mlx_serve.server import commands, launch
+from mlx_serve.server.cli import main
 
 
 def test_serve_takes_the_model_as_its_first_word() -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from server.config import load_config
+from mlx_serve.server.config import load_config
 
 
 def test_config_defaults_match_mlx_lm_server() -> None:
@@ -90,7 +90,7 @@ def test_config_speculation_flags() -> None:
 
 
 def test_config_speculation_gate_reaches_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
-    from server.cli import engine_settings
+    from mlx_serve.server.cli import engine_settings
 
     assert engine_settings(load_config(["--draft-kind", "ngram"])).speculation_gated is True
     c = load_config(["--draft-kind", "ngram", "--speculation-gate", "off"])
@@ -116,7 +116,7 @@ def test_config_speculation_flag_errors(argv: list[str], capsys: pytest.CaptureF
 
 
 def test_config_tool_call_parser_names_a_family_and_reaches_the_engine(tmp_path: Path) -> None:
-    from server.cli import engine_settings
+    from mlx_serve.server.cli import engine_settings
 
     assert load_config([]).tool_call_parser is None
     c = load_config(["--tool-call-parser", "qwen3_coder"])
@@ -138,7 +138,7 @@ def test_config_unknown_tool_call_parser_is_an_error(
 
 
 def test_config_shard_modes_and_the_pipeline_alias() -> None:
-    from server.cli import engine_settings
+    from mlx_serve.server.cli import engine_settings
 
     assert load_config([]).shard is None
     assert engine_settings(load_config(["--shard", "tensor"])).shard == "tensor"
@@ -165,7 +165,7 @@ def test_config_shard_refuses_what_it_cannot_combine_with(
 
 
 def test_config_max_step_ms_reaches_the_engine_in_seconds(capsys: pytest.CaptureFixture[str]) -> None:
-    from server.cli import engine_settings
+    from mlx_serve.server.cli import engine_settings
 
     assert engine_settings(load_config(["--max-step-ms", "40"])).max_step_s == 0.04
     assert engine_settings(load_config([])).max_step_s is None  # the measured default
@@ -184,7 +184,7 @@ def test_config_reasoning_budget_flags(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_config_engine_watchdog_flags_reach_the_engine() -> None:
-    from server.cli import engine_settings
+    from mlx_serve.server.cli import engine_settings
 
     default = engine_settings(load_config([]))
     assert default.stall_s == 30 and default.restart_stalled is True

@@ -19,9 +19,9 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from server import connections
-from server.app import App
-from server.config import Config
+from mlx_serve.server import connections
+from mlx_serve.server.app import App
+from mlx_serve.server.config import Config
 from tests.support.fake_engine import fake_engine
 from tests.support.server_proc import free_port
 

@@ -23,10 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.batch.core import Core
-from server.app import App
-from server.config import Config
-from server.writer import MAX_HEADER_VALUE
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.server.app import App
+from mlx_serve.server.config import Config
+from mlx_serve.server.writer import MAX_HEADER_VALUE
 from tests.support.asgi import Reply, call
 from tests.support.fake_engine import fake_engine
 

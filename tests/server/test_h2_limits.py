@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.transport import CONTROL_FRAME_BURST
+from mlx_serve.server.transport import CONTROL_FRAME_BURST
 from tests.server.test_connection_floods import flood_server
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from server.app import App
-from server.config import Config
-from server.writer import MAX_HEADER_VALUE, header_value
+from mlx_serve.server.app import App
+from mlx_serve.server.config import Config
+from mlx_serve.server.writer import MAX_HEADER_VALUE, header_value
 from tests.support.asgi import call
 from tests.support.fake_engine import fake_engine
 from tests.support.hypercorn_app import hypercorn_serving
@@ -139,7 +139,7 @@ def test_body_cut_short_by_the_client_is_a_400_saying_how_much_came() -> None:
 
 TRACE_UNDER_A_SIZE_LIMIT = """
 import logging, resource, signal, sys, time
-from server.observe import RequestRecord, TraceWriter
+from mlx_serve.server.observe import RequestRecord, TraceWriter
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit write() fails (EFBIG), as on a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
 logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
@@ -176,8 +176,8 @@ def test_trace_on_a_full_disk_drops_whole_lines_and_says_so_once(tmp_path: Path)
 def test_client_text_in_a_refusal_reaches_the_access_log_escaped_and_short(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from server.metrics import Metrics
-    from server.observe import RequestObserver
+    from mlx_serve.server.metrics import Metrics
+    from mlx_serve.server.observe import RequestObserver
 
     engine, _ = fake_engine(["a", "b"])
     key = "\x1b[31m\r\nforged=1" + "7" * 5000

@@ -13,14 +13,14 @@ from typing import Any
 
 import orjson
 
-from engine.host.client import EngineClient
-from server.app import App
-from server.budget import Need
-from server.cli import serving_stack
-from server.config import Config
-from server.models_file import ModelEntry
-from server.registry import Registry, Slot
-from server.shutdown import Drain
+from mlx_serve.engine.host.client import EngineClient
+from mlx_serve.server.app import App
+from mlx_serve.server.budget import Need
+from mlx_serve.server.cli import serving_stack
+from mlx_serve.server.config import Config
+from mlx_serve.server.models_file import ModelEntry
+from mlx_serve.server.registry import Registry, Slot
+from mlx_serve.server.shutdown import Drain
 from tests.support.asgi import Reply, call, wait_until
 from tests.support.fake_engine import fake_engine
 

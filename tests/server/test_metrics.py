@@ -12,18 +12,18 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.errors import ServeError
-from engine.host.client import EngineState
-from engine.host.thread import ThreadEngine
-from engine.types import Admitted, Delta, Finished, Request
-from protocols.contract import Frame, SseComment, SseEvent
-from server.app import App
-from server.config import Config
-from server.metrics import ChoiceDone, Metrics, RequestDone, running_and_waiting
-from server.observe import RequestObserver, TraceWriter, record_of
-from server.routes import RouteTable, method_label
-from server.shutdown import Drain
-from server.writer import stream_sse
+from mlx_serve.engine.errors import ServeError
+from mlx_serve.engine.host.client import EngineState
+from mlx_serve.engine.host.thread import ThreadEngine
+from mlx_serve.engine.types import Admitted, Delta, Finished, Request
+from mlx_serve.protocols.contract import Frame, SseComment, SseEvent
+from mlx_serve.server.app import App
+from mlx_serve.server.config import Config
+from mlx_serve.server.metrics import ChoiceDone, Metrics, RequestDone, running_and_waiting
+from mlx_serve.server.observe import RequestObserver, TraceWriter, record_of
+from mlx_serve.server.routes import RouteTable, method_label
+from mlx_serve.server.shutdown import Drain
+from mlx_serve.server.writer import stream_sse
 from tests.support.asgi import call, wait_until
 from tests.support.fake_engine import fake_engine
 
@@ -355,8 +355,8 @@ def test_metric_series_stay_bounded_under_random_methods_and_unauthenticated_req
     # 300 of them from requests without a key on a keyed server.
     import random
 
-    from server.auth import ApiKeys, AuthMiddleware
-    from server.routes import KNOWN_METHODS, OTHER
+    from mlx_serve.server.auth import ApiKeys, AuthMiddleware
+    from mlx_serve.server.routes import KNOWN_METHODS, OTHER
 
     rng = random.Random(15)
     engine, _ = fake_engine(["a"])

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from server.app import App
-from server.cli import serving_stack
-from server.config import Config, load_config
-from server.page import STATIC_DIR
-from server.shutdown import Drain
+from mlx_serve.server.app import App
+from mlx_serve.server.cli import serving_stack
+from mlx_serve.server.config import Config, load_config
+from mlx_serve.server.page import STATIC_DIR
+from mlx_serve.server.shutdown import Drain
 from tests.support.asgi import Reply, call
 from tests.support.fake_engine import fake_engine
 from tests.support.hypercorn_app import hypercorn_serving
@@ -236,6 +236,6 @@ def test_page_files_are_package_data() -> None:
     import tomllib
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
-    globs = pyproject["tool"]["setuptools"]["package-data"]["server"]
+    globs = pyproject["tool"]["setuptools"]["package-data"]["mlx_serve.server"]
     for name in STATIC_FILES:
         assert any(fnmatch.fnmatch(f"static/{name}", g) for g in globs), name

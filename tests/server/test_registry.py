@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from server.budget import Resident, allot, evictions
-from server.config import load_config
-from server.many import entry_config, is_many, model_entries
-from server.models_file import ModelEntry, ModelsFileError, read_models_file
-from server.registry import Registry, Slot
+from mlx_serve.server.budget import Resident, allot, evictions
+from mlx_serve.server.config import load_config
+from mlx_serve.server.many import entry_config, is_many, model_entries
+from mlx_serve.server.models_file import ModelEntry, ModelsFileError, read_models_file
+from mlx_serve.server.registry import Registry, Slot
 
 MODELS_TOML = """
 [[models]]

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from engine.host.thread import ThreadEngine
-from server.app import App
-from server.config import Config
+from mlx_serve.engine.host.thread import ThreadEngine
+from mlx_serve.server.app import App
+from mlx_serve.server.config import Config
 from tests.support.asgi import Reply, call, wait_until
 from tests.support.fake_engine import FakeTokenizer, fake_engine
 

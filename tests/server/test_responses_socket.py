@@ -6,11 +6,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from engine.errors import InvalidRequest, ServeError
-from protocols import openai_responses
-from protocols.contract import NotFound, SseComment, SseEvent
-from server.responses_socket import error_event, turn_of
-from server.writer import websocket_text
+from mlx_serve.engine.errors import InvalidRequest, ServeError
+from mlx_serve.protocols import openai_responses
+from mlx_serve.protocols.contract import NotFound, SseComment, SseEvent
+from mlx_serve.server.responses_socket import error_event, turn_of
+from mlx_serve.server.writer import websocket_text
 
 FORMAT = openai_responses.OpenAIResponses()
 

@@ -16,8 +16,8 @@ import anthropic
 import openai
 import pytest
 
-from server.app import App
-from server.config import Config
+from mlx_serve.server.app import App
+from mlx_serve.server.config import Config
 from tests.support.fake_engine import fake_engine
 from tests.support.hypercorn_app import hypercorn_serving
 

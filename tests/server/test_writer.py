@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from engine.errors import EngineFailed, ServeError
-from engine.types import (
+from mlx_serve.engine.errors import EngineFailed, ServeError
+from mlx_serve.engine.types import (
     Admitted,
     Delta,
     Event,
@@ -24,8 +24,17 @@ from engine.types import (
     ToolCallStart,
     Usage,
 )
-from protocols.contract import KEEP_ALIVE, Frame, Frames, Message, Result, SseComment, SseEvent, ToolCall
-from server.writer import SSE_HEADERS, collect, encode, encode_frame, send_json, stream_sse
+from mlx_serve.protocols.contract import (
+    KEEP_ALIVE,
+    Frame,
+    Frames,
+    Message,
+    Result,
+    SseComment,
+    SseEvent,
+    ToolCall,
+)
+from mlx_serve.server.writer import SSE_HEADERS, collect, encode, encode_frame, send_json, stream_sse
 
 T = TypeVar("T")
 WARNING = (b"warning", b'299 - "max_tokens clamped to 12"')

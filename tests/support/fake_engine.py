@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.batch.core import Core
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.host.thread import ThreadEngine
-from engine.model.loader import LoadedModel
-from engine.rows.step_records import StepOutput, StepPlan
-from engine.types import Counters, Request
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.host.thread import ThreadEngine
+from mlx_serve.engine.model.loader import LoadedModel
+from mlx_serve.engine.rows.step_records import StepOutput, StepPlan
+from mlx_serve.engine.types import Counters, Request
 from tests.support.byte_tokenizer import byte_tokenizer
 
 EOS = 0

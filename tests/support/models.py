@@ -17,8 +17,8 @@ TOKENIZER_FILES = (
 
 
 def smollm_folder(cache: Path) -> Path:
-    from engine.gguf.convert import convert_gguf
-    from engine.model.loader import default_gguf
+    from mlx_serve.engine.gguf.convert import convert_gguf
+    from mlx_serve.engine.model.loader import default_gguf
 
     return convert_gguf(default_gguf(), cache_root=cache)
 
@@ -26,7 +26,7 @@ def smollm_folder(cache: Path) -> Path:
 def qwen_folder(name: str) -> Path:
     """`--model NAME` (qwen2.5-coder-0.5b or -1.5b) as the server resolves it: joined and converted
     once into the user cache ($MLX_SERVE_CACHE or ~/.cache/mlx-serve), reused by later runs."""
-    from engine.model.loader import prepare
+    from mlx_serve.engine.model.loader import prepare
 
     return prepare(name).path
 
@@ -104,8 +104,8 @@ def r1_tiny(out: Path, *, seed: int = 0) -> Path:
     starts inside the reasoning."""
     import importlib.util
 
-    from engine.gguf.reader import read_gguf
-    from engine.gguf.tokenizer import write_tokenizer
+    from mlx_serve.engine.gguf.reader import read_gguf
+    from mlx_serve.engine.gguf.tokenizer import write_tokenizer
 
     if (out / "model.safetensors").exists():
         return out

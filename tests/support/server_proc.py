@@ -40,7 +40,7 @@ def wait_healthy(url: str, exited: Callable[[], bool], timeout_s: float) -> str 
 
 
 class ServerProcess:
-    """Starts `python -m server ARGS`, waits for /health 200, and stops it on close()."""
+    """Starts `python -m mlx_serve ARGS`, waits for /health 200, and stops it on close()."""
 
     def __init__(
         self,
@@ -58,7 +58,7 @@ class ServerProcess:
         # `bare=True` starts it exactly as given (no aliases), as a user's plain `mlx-serve` would be.
         given = bare or "--served-model-name" in args
         aliases = [] if given else [a for n in TEST_NAMES for a in ("--served-model-name", n)]
-        cmd = [sys.executable, "-m", "server", "--port", str(self.port), *aliases, *args]
+        cmd = [sys.executable, "-m", "mlx_serve", "--port", str(self.port), *aliases, *args]
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}

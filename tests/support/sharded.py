@@ -1,4 +1,4 @@
-"""A sharded mlx-serve on loopback: two ranks of `python -m server --shard MODE`, ring backend."""
+"""A sharded mlx-serve on loopback: two ranks of `python -m mlx_serve --shard MODE`, ring backend."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class ShardedGroup:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_dir = log_dir
         ring = free_port_pair()
-        cmd = [sys.executable, "-m", "server", "--port", str(self.port), *args]
+        cmd = [sys.executable, "-m", "mlx_serve", "--port", str(self.port), *args]
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # two ranks share two cores
         self.procs: list[subprocess.Popen[bytes]] = []
         self._logs = []

@@ -14,8 +14,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from engine.rows.step_records import StepOutput, StepPlan
-from engine.types import Request
+from mlx_serve.engine.rows.step_records import StepOutput, StepPlan
+from mlx_serve.engine.types import Request
 
 HEADER_BYTES = 4096
 LENGTH_BYTES = 8

@@ -6,13 +6,13 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from engine.host.shard import GROUP_LOST_EXIT
-from engine.host.shard.channel import Admit, Channel, Message, Reset, Step, checksum
-from engine.types import Counters
+from mlx_serve.engine.host.shard import GROUP_LOST_EXIT
+from mlx_serve.engine.host.shard.channel import Admit, Channel, Message, Reset, Step, checksum
+from mlx_serve.engine.types import Counters
 
 if TYPE_CHECKING:
-    from engine.batch.core_parts import PrefixLookup, Runner
-    from engine.host.settings import EngineSettings, ModelSource
+    from mlx_serve.engine.batch.core_parts import PrefixLookup, Runner
+    from mlx_serve.engine.host.settings import EngineSettings, ModelSource
 
 log = logging.getLogger("mlx_serve.shard")
 
@@ -67,7 +67,7 @@ class Follower:
         if request.grammar is None:
             return None
         if self._grammar is None:
-            from engine.rows.grammar import GrammarTokenizer
+            from mlx_serve.engine.rows.grammar import GrammarTokenizer
 
             self._grammar = GrammarTokenizer(self.tokenizer)
         return self._grammar.constraint(request.grammar)
@@ -90,8 +90,8 @@ def follow(channel: Channel, follower: Follower) -> int:
 
 def serve_follower(settings: EngineSettings, source: ModelSource) -> int:
     """A follower rank's whole life: find the model, start like every rank, then follow."""
-    from engine.host.shard import ShardRefused
-    from engine.host.shard.rank import start_rank
+    from mlx_serve.engine.host.shard import ShardRefused
+    from mlx_serve.engine.host.shard.rank import start_rank
 
     try:
         spec = source.model_spec()  # before joining: a slow conversion must not hold the others

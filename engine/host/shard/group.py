@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine.batch.admission import MemoryPlan
-from engine.host.shard import ShardRefused
+from mlx_serve.engine.batch.admission import MemoryPlan
+from mlx_serve.engine.host.shard import ShardRefused
 
 log = logging.getLogger("mlx_serve.shard")
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.host.shard import GROUP_LOST_EXIT
-from engine.host.shard.channel import Admit, Channel, Message, Reset, Step, checksum
-from engine.host.shard.watch import print_and_exit
-from engine.rows.step_records import StepOutput, StepPlan
-from engine.types import Counters, Request
+from mlx_serve.engine.host.shard import GROUP_LOST_EXIT
+from mlx_serve.engine.host.shard.channel import Admit, Channel, Message, Reset, Step, checksum
+from mlx_serve.engine.host.shard.watch import print_and_exit
+from mlx_serve.engine.rows.step_records import StepOutput, StepPlan
+from mlx_serve.engine.types import Counters, Request
 
 if TYPE_CHECKING:
-    from engine.batch.core import Core
-    from engine.batch.core_parts import Runner
-    from engine.host.settings import EngineSettings
-    from engine.model.loader import ModelSpec
+    from mlx_serve.engine.batch.core import Core
+    from mlx_serve.engine.batch.core_parts import Runner
+    from mlx_serve.engine.host.settings import EngineSettings
+    from mlx_serve.engine.model.loader import ModelSpec
 
 
 class LeaderRunner:
@@ -65,7 +65,7 @@ def load_and_build_leader(
     counters: Counters, spec: ModelSpec, settings: EngineSettings
 ) -> tuple[Core, dict[str, Any]]:
     """Rank 0's engine process start (engine.host.build.load_and_build with --shard)."""
-    from engine.host.shard.rank import start_rank
+    from mlx_serve.engine.host.shard.rank import start_rank
 
     core, channel = start_rank(counters, spec, settings)
     leader = LeaderRunner(core.runner, channel)

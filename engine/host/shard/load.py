@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.host.shard import ShardMode, ShardRefused
-from engine.model.loader import LoadedModel, ModelSpec
+from mlx_serve.engine.host.shard import ShardMode, ShardRefused
+from mlx_serve.engine.model.loader import LoadedModel, ModelSpec
 
 # mlx-lm 0.32: the model families whose text model has `pipeline()` (models/pipeline.py users).
 PIPELINE_HINT = "qwen2, qwen3_moe, qwen3_5, deepseek_v2/v3, glm4_moe, ministral3, mistral4"
@@ -66,7 +66,7 @@ def load_shard(spec: ModelSpec, mode: ShardMode, group: Any) -> LoadedModel:
     import mlx.core as mx
     from mlx_lm.utils import load as mlx_load
 
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     if spec.adapter_path:
         raise ShardRefused("--adapter-path cannot be combined with --shard (LoRA layers are not sharded)")

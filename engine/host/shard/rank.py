@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from engine.host.shard import GROUP_LOST_EXIT, ShardMode, ShardRefused
-from engine.model.loader import ModelSpec
-from engine.types import Counters
+from mlx_serve.engine.host.shard import GROUP_LOST_EXIT, ShardMode, ShardRefused
+from mlx_serve.engine.model.loader import ModelSpec
+from mlx_serve.engine.types import Counters
 
 if TYPE_CHECKING:
-    from engine.batch.core import Core
-    from engine.host.settings import EngineSettings
-    from engine.host.shard.channel import Channel
+    from mlx_serve.engine.batch.core import Core
+    from mlx_serve.engine.host.settings import EngineSettings
+    from mlx_serve.engine.host.shard.channel import Channel
 
 
 def sharded_settings(settings: EngineSettings) -> EngineSettings:
@@ -30,10 +30,10 @@ def start_rank(counters: Counters, spec: ModelSpec, settings: EngineSettings) ->
     build the same core as every other rank (memory agreed over the group), open the channel."""
     import mlx.core as mx
 
-    from engine.host.assemble import describe, make_core
-    from engine.host.shard.channel import Channel
-    from engine.host.shard.group import MemoryAgreement, join_group
-    from engine.host.shard.load import load_shard
+    from mlx_serve.engine.host.assemble import describe, make_core
+    from mlx_serve.engine.host.shard.channel import Channel
+    from mlx_serve.engine.host.shard.group import MemoryAgreement, join_group
+    from mlx_serve.engine.host.shard.load import load_shard
 
     assert settings.shard is not None
     mode = ShardMode(settings.shard)
@@ -50,8 +50,8 @@ def start_rank(counters: Counters, spec: ModelSpec, settings: EngineSettings) ->
 def watch_group(group: Any, settings: EngineSettings, spec: ModelSpec) -> int:
     """The handshake, then a liveness connection from each follower to rank 0: from here on a
     rank that dies ends every other rank's process (GROUP_LOST_EXIT). Returns the seed."""
-    from engine.host.shard import watch
-    from engine.host.shard.group import handshake, leader_address
+    from mlx_serve.engine.host.shard import watch
+    from mlx_serve.engine.host.shard.group import handshake, leader_address
 
     address = leader_address()
     server = watch.listen(address) if group.rank() == 0 else None

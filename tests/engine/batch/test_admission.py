@@ -9,7 +9,7 @@ from mlx.nn.layers.quantized import quantize
 from mlx_lm.models import gemma3_text, llama, mamba
 from mlx_lm.models.cache import QuantizedKVCache
 
-from engine.batch.admission import (
+from mlx_serve.engine.batch.admission import (
     MAX_ROWS_FROM_MEMORY,
     ROW_SHARE_TOKENS,
     Admission,
@@ -20,9 +20,9 @@ from engine.batch.admission import (
     plan_rows,
     rows_that_fit,
 )
-from engine.errors import ContextTooLong, InvalidRequest
-from engine.model.memory_budget import default_budget, total_ram_bytes
-from engine.model.memory_probe import KV_ALLOC_STEP, KvCost, weights_bytes
+from mlx_serve.engine.errors import ContextTooLong, InvalidRequest
+from mlx_serve.engine.model.memory_budget import default_budget, total_ram_bytes
+from mlx_serve.engine.model.memory_probe import KV_ALLOC_STEP, KvCost, weights_bytes
 
 MIB = 1 << 20
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 2, 64, 4, 2, 128, 256
@@ -309,7 +309,7 @@ def test_rows_that_fit_give_each_row_its_share_and_stop_at_the_cap(model: llama.
 
 
 def test_a_gate_with_a_queue_bound_takes_its_rows_from_the_plan(model: llama.Model) -> None:
-    from engine.host.client import Gate
+    from mlx_serve.engine.host.client import Gate
 
     p = plan(model, 64 * MIB, max_running=7)
     gate, fixed = Gate(1000, waiting=5), Gate(1000)

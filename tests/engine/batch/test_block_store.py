@@ -13,12 +13,12 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from engine.batch.block_store import ROOT_KEY, BlockStore, block_key
-from engine.batch.disk_tier import DiskTier, fingerprint
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.host.assemble import CacheRoom
-from engine.model.mlx_boundary import KVCache
-from engine.types import CacheMiss, Request
+from mlx_serve.engine.batch.block_store import ROOT_KEY, BlockStore, block_key
+from mlx_serve.engine.batch.disk_tier import DiskTier, fingerprint
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.host.assemble import CacheRoom
+from mlx_serve.engine.model.mlx_boundary import KVCache
+from mlx_serve.engine.types import CacheMiss, Request
 
 H, D, LAYERS, B = 2, 4, 2, 4  # four-token blocks
 

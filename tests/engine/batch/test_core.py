@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from engine.batch.core import Core
-from engine.batch.core_parts import Ticket
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.errors import EngineFailed, ServeError
-from engine.types import (
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.core_parts import Ticket
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.errors import EngineFailed, ServeError
+from mlx_serve.engine.types import (
     Admitted,
     Counters,
     Emitted,
@@ -230,7 +230,7 @@ def test_core_fault_in_one_row_fails_that_row_only(fault: Fault) -> None:
 
 
 def test_core_fault_in_one_rows_tool_parsing_fails_that_row_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.tools.splitter import ToolCallSplitter
+    from mlx_serve.engine.tools.splitter import ToolCallSplitter
 
     feed = ToolCallSplitter.feed
 

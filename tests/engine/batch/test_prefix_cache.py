@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from engine.batch.prefix_cache import PrefixCache, common_prefix
-from engine.model.mlx_boundary import KVCache, RotatingKVCache
+from mlx_serve.engine.batch.prefix_cache import PrefixCache, common_prefix
+from mlx_serve.engine.model.mlx_boundary import KVCache, RotatingKVCache
 
 H, D, LAYERS = 2, 4, 2
 

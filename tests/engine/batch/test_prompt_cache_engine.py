@@ -13,13 +13,22 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-from engine.batch.block_store import BlockStore
-from engine.batch.core import Core
-from engine.batch.core_parts import Ticket
-from engine.host.assemble import make_core
-from engine.host.settings import EngineSettings
-from engine.model.loader import LoadedModel
-from engine.types import Admitted, CacheMiss, Counters, Event, Finished, Request, SamplingParams, TextDelta
+from mlx_serve.engine.batch.block_store import BlockStore
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.core_parts import Ticket
+from mlx_serve.engine.host.assemble import make_core
+from mlx_serve.engine.host.settings import EngineSettings
+from mlx_serve.engine.model.loader import LoadedModel
+from mlx_serve.engine.types import (
+    Admitted,
+    CacheMiss,
+    Counters,
+    Event,
+    Finished,
+    Request,
+    SamplingParams,
+    TextDelta,
+)
 
 STORY = (
     "You are a careful assistant for a team that maintains a large Python service. "
@@ -32,7 +41,7 @@ STORY = (
 def smollm(smollm_path: Path) -> LoadedModel:
     from mlx_lm import load
 
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path))
     return LoadedModel(maybe_dequantize(model), tokenizer, "smollm2", smollm_path)

@@ -19,13 +19,13 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from engine.batch.block_store import BlockStore
-from engine.batch.core import Core
-from engine.batch.core_parts import Ticket
-from engine.host.assemble import DEFAULT_PROMPT_CACHE_BYTES, make_core
-from engine.host.settings import EngineSettings
-from engine.model.loader import LoadedModel
-from engine.types import Admitted, Counters, Event, Finished, Request, SamplingParams, TextDelta
+from mlx_serve.engine.batch.block_store import BlockStore
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.core_parts import Ticket
+from mlx_serve.engine.host.assemble import DEFAULT_PROMPT_CACHE_BYTES, make_core
+from mlx_serve.engine.host.settings import EngineSettings
+from mlx_serve.engine.model.loader import LoadedModel
+from mlx_serve.engine.types import Admitted, Counters, Event, Finished, Request, SamplingParams, TextDelta
 
 GPU = mx.default_device().type == mx.DeviceType.gpu
 LLAMA_8B_KV = {"num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128}  # bf16: 128 KiB/token

@@ -16,12 +16,12 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-import engine.batch.runner as runner_module
-from engine.batch.prefix_cache import PrefixCache
-from engine.batch.runner import BatchRunner
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.rows import prefill
-from engine.types import Request, SamplingParams
+import mlx_serve.engine.batch.runner as runner_module
+from mlx_serve.engine.batch.prefix_cache import PrefixCache
+from mlx_serve.engine.batch.runner import BatchRunner
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.rows import prefill
+from mlx_serve.engine.types import Request, SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -37,7 +37,7 @@ QUESTIONS = [
 def smollm(smollm_path: Path) -> tuple[Any, Any]:
     from mlx_lm import load
 
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path))
     return maybe_dequantize(model), tokenizer  # as the server runs it (float32 on a CPU)
@@ -102,8 +102,8 @@ def test_runner_batch_with_joins_and_leaves_matches_mlx_lm_greedy(smollm: tuple[
 def test_runner_rows_joining_at_a_padded_width_keep_mlx_lm_greedy(
     smollm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With bucket_prefill (what a CUDA GPU gets: engine.host.assemble.builds_per_shape), rows that join
-    together are prefilled unevaluated at a width on engine.rows.prefill.prefill_width's ladder,
+    """With bucket_prefill (what a CUDA GPU gets: mlx_serve.engine.host.assemble.builds_per_shape), rows that join
+    together are prefilled unevaluated at a width on mlx_serve.engine.rows.prefill.prefill_width's ladder,
     longer than their longest prompt; the padding is rolled out of their caches, and every
     row's greedy tokens still equal mlx-lm's, while the rows already decoding carry on."""
     model, tokenizer = smollm
@@ -232,18 +232,20 @@ def test_runner_a_row_that_leaves_mid_prefill_leaves_its_chunks_for_the_same_pro
 def test_the_warm_up_runs_its_ready_part_then_idle_bursts_and_leaves_output_mlx_lm_greedy(
     smollm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The GPU warm-up (engine.host.warmup), forced on here: its throwaway requests run through a runner
+    # The GPU warm-up (mlx_serve.engine.host.warmup), forced on here: its throwaway requests run through a runner
     # of their own, so what the serving runner answers before and after each part is unchanged.
-    import engine.host.warmup
+    import mlx_serve.engine.host.warmup
 
-    monkeypatch.setattr(engine.host.warmup, "READY_ROWS", 2)  # bursts of 1 and 2 rows now, 4 while idle
+    monkeypatch.setattr(
+        mlx_serve.engine.host.warmup, "READY_ROWS", 2
+    )  # bursts of 1 and 2 rows now, 4 while idle
     model, tokenizer = smollm
     eos = set(tokenizer.eos_token_ids)
     config = SchedulerConfig(max_running=4, token_budget=128)
     first, second = (
         Request(f"q{i}", prompt_ids(tokenizer, q), SamplingParams(), 12) for i, q in enumerate(QUESTIONS[:2])
     )
-    idle_work = engine.host.warmup.warm_up(model, config, len(tokenizer.vocab), gpu_only=False)
+    idle_work = mlx_serve.engine.host.warmup.warm_up(model, config, len(tokenizer.vocab), gpu_only=False)
     assert idle_work is not None
     sched, runner = Scheduler(config, frozenset(eos)), BatchRunner(model, prefill_step_size=128)
     assert drive(runner, sched, {0: [first]})["q0"] == reference(model, first.prompt_tokens, 12, eos)
@@ -258,7 +260,8 @@ def test_the_warm_up_runs_its_ready_part_then_idle_bursts_and_leaves_output_mlx_
     assert idle_work.restarts == 1 and steps >= 3 and not idle_work.step()
     assert drive(runner, sched, {0: [first]})["q0"] == reference(model, first.prompt_tokens, 12, eos)
     assert (
-        engine.host.warmup.warm_up(model, replace(config, max_running=2), 100, gpu_only=False) is None
+        mlx_serve.engine.host.warmup.warm_up(model, replace(config, max_running=2), 100, gpu_only=False)
+        is None
     )  # nothing left
 
 

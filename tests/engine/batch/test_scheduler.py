@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.batch.scheduler import Scheduler, SchedulerConfig, SeqState
-from engine.rows.step_records import PrefillChunk, StepOutput, StepPlan, TokenUpdate
-from engine.types import FinishReason, Request
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig, SeqState
+from mlx_serve.engine.rows.step_records import PrefillChunk, StepOutput, StepPlan, TokenUpdate
+from mlx_serve.engine.types import FinishReason, Request
 
 EOS = 0
 TOKEN = 7

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.batch.step_cost import DECODE_STEP_MULTIPLE, StepCost, fair_shares
+from mlx_serve.engine.batch.step_cost import DECODE_STEP_MULTIPLE, StepCost, fair_shares
 from tests.engine.batch.test_scheduler import make, req, step
 
 

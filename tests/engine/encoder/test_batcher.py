@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.encoder.batcher import plan_forwards
+from mlx_serve.engine.encoder.batcher import plan_forwards
 
 
 def test_plan_forwards_sorts_by_length_and_keeps_every_input_once() -> None:

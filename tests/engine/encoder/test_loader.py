@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.encoder.loader import is_encoder
+from mlx_serve.engine.encoder.loader import is_encoder
 
 
 def test_a_file_that_is_not_gguf_is_left_to_the_model_loader(tmp_path: Path) -> None:

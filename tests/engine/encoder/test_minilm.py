@@ -7,11 +7,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.encoder.loader import FOLDER_SHORTCUTS, load_encoder
-from engine.encoder.model import EncoderModel
-from engine.encoder.pooling import finish
-from engine.encoder.runner import pooled
-from engine.errors import ContextTooLong, InvalidRequest
+from mlx_serve.engine.encoder.loader import FOLDER_SHORTCUTS, load_encoder
+from mlx_serve.engine.encoder.model import EncoderModel
+from mlx_serve.engine.encoder.pooling import finish
+from mlx_serve.engine.encoder.runner import pooled
+from mlx_serve.engine.errors import ContextTooLong, InvalidRequest
 from tests.support.embed_reference import bert_embedding
 
 pytestmark = pytest.mark.real

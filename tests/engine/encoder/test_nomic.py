@@ -10,13 +10,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.encoder.loader import FOLDER_SHORTCUTS, GGUF_SHORTCUTS, is_encoder, load_encoder
-from engine.encoder.model import EncoderModel
-from engine.encoder.pooling import finish
-from engine.encoder.runner import pooled
-from engine.gguf.slices import SliceError
-from engine.gguf.zipped import extract
-from engine.model.loader import cache_root
+from mlx_serve.engine.encoder.loader import FOLDER_SHORTCUTS, GGUF_SHORTCUTS, is_encoder, load_encoder
+from mlx_serve.engine.encoder.model import EncoderModel
+from mlx_serve.engine.encoder.pooling import finish
+from mlx_serve.engine.encoder.runner import pooled
+from mlx_serve.engine.gguf.slices import SliceError
+from mlx_serve.engine.gguf.zipped import extract
+from mlx_serve.engine.model.loader import cache_root
 from tests.support.embed_reference import matryoshka, nomic_pooled
 
 pytestmark = pytest.mark.real
@@ -96,6 +96,6 @@ def test_a_nomic_bert_gguf_path_is_an_embedding_model_and_a_chat_gguf_is_not(smo
 
 @pytest.fixture(scope="module")
 def smollm_gguf() -> Path:
-    from engine.model.loader import default_gguf
+    from mlx_serve.engine.model.loader import default_gguf
 
     return default_gguf()

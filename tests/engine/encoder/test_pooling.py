@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from engine.encoder.pooling import finish, mean_pool
+from mlx_serve.engine.encoder.pooling import finish, mean_pool
 
 
 def test_mean_pool_ignores_padding() -> None:

@@ -24,7 +24,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from engine.gguf.reader import read_gguf
+from mlx_serve.engine.gguf.reader import read_gguf
 
 Q = GGMLQuantizationType
 
@@ -280,7 +280,7 @@ def _add_hparams(writer: GGUFWriter, architecture: str, config: dict[str, Any]) 
 def _add_tokenizer(writer: GGUFWriter, architecture: str) -> None:
     """262 tokens either way: 3 controls, 256 byte tokens, 3 merged tokens."""
     if architecture in ("llama", "qwen2"):
-        from engine.gguf.tokenizer import _byte_alphabet
+        from mlx_serve.engine.gguf.tokenizer import _byte_alphabet
 
         alphabet = [_byte_alphabet()[b] for b in range(256)]
         tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *alphabet, "Ġt", "he", "Ġthe"]

@@ -17,11 +17,11 @@ from gguf.quants import dequantize, quantize
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 from transformers import AutoTokenizer
 
-import engine.gguf.convert
-from engine.gguf.convert import convert_gguf, quantization_config
-from engine.gguf.reader import read_gguf
-from engine.gguf.tensors import QuantizedTensor, load_tensor, unpermute_rope_rows
-from engine.gguf.tokenizer import write_tokenizer
+import mlx_serve.engine.gguf.convert
+from mlx_serve.engine.gguf.convert import convert_gguf, quantization_config
+from mlx_serve.engine.gguf.reader import read_gguf
+from mlx_serve.engine.gguf.tensors import QuantizedTensor, load_tensor, unpermute_rope_rows
+from mlx_serve.engine.gguf.tokenizer import write_tokenizer
 from tests.engine.gguf.gguf_reference import (
     TRICKY_STRINGS,
     llama_cpp_permute,
@@ -242,7 +242,7 @@ def test_convert_gguf_second_call_is_served_from_cache(
     def no_reading(path: Any) -> None:
         raise AssertionError("a cached conversion must not read the GGUF again")
 
-    monkeypatch.setattr(engine.gguf.convert, "read_gguf", no_reading)
+    monkeypatch.setattr(mlx_serve.engine.gguf.convert, "read_gguf", no_reading)
 
     assert convert_gguf(smollm_gguf, cache_root=smollm_cache) == smollm_dir
     assert weights.stat().st_mtime_ns == mtime

@@ -13,9 +13,9 @@ import pytest
 from mlx_lm.tokenizer_utils import SPMStreamingDetokenizer
 from transformers import AutoTokenizer
 
-from engine.gguf.convert import convert_gguf
-from engine.gguf.reader import read_gguf
-from engine.gguf.tensors import load_tensor
+from mlx_serve.engine.gguf.convert import convert_gguf
+from mlx_serve.engine.gguf.reader import read_gguf
+from mlx_serve.engine.gguf.tensors import load_tensor
 from tests.engine.gguf.gguf_reference import TRICKY_STRINGS, load_model, load_safetensors, reference_tokenizer
 
 

@@ -23,10 +23,10 @@ from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from engine.gguf.reader import read_gguf
-from engine.model.loader import maybe_dequantize, shortcut_gguf
-from engine.tools.formats import tool_format_for
-from engine.tools.json_calls import JsonCalls
+from mlx_serve.engine.gguf.reader import read_gguf
+from mlx_serve.engine.model.loader import maybe_dequantize, shortcut_gguf
+from mlx_serve.engine.tools.formats import tool_format_for
+from mlx_serve.engine.tools.json_calls import JsonCalls
 from tests.engine.gguf.gguf_reference import TRICKY_STRINGS, load_model, reference_tokenizer
 from tests.support.models import qwen_folder
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from engine.gguf.reader import read_gguf
-from engine.gguf.tokenizer import write_tokenizer
+from mlx_serve.engine.gguf.reader import read_gguf
+from mlx_serve.engine.gguf.tokenizer import write_tokenizer
 from tests.support.models import R1_PACKAGE
 
 

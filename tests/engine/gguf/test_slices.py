@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from engine.gguf import slices
-from engine.gguf.slices import SlicedGGUF, SliceError, assemble
-from engine.model import loader
+from mlx_serve.engine.gguf import slices
+from mlx_serve.engine.gguf.slices import SlicedGGUF, SliceError, assemble
+from mlx_serve.engine.model import loader
 
 PIECES = (b"GGUF" + bytes(range(200)), bytes(range(255, 0, -1)) * 3, b"tail")
 WHOLE = b"".join(PIECES)

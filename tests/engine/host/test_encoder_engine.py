@@ -11,13 +11,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.encoder.bert import Bert, BertConfig
-from engine.encoder.model import EncoderModel
-from engine.errors import EngineFailed, InvalidRequest, QueueFull
-from engine.gguf.wordpiece import wordpiece_tokenizer
-from engine.host.client import EngineState
-from engine.host.encoder import EncoderEngine
-from engine.types import EmbedInput, Request, SamplingParams
+from mlx_serve.engine.encoder.bert import Bert, BertConfig
+from mlx_serve.engine.encoder.model import EncoderModel
+from mlx_serve.engine.errors import EngineFailed, InvalidRequest, QueueFull
+from mlx_serve.engine.gguf.wordpiece import wordpiece_tokenizer
+from mlx_serve.engine.host.client import EngineState
+from mlx_serve.engine.host.encoder import EncoderEngine
+from mlx_serve.engine.types import EmbedInput, Request, SamplingParams
 
 WORDS = ["apple", "banana", "cherry", "date", "elder", "fig", "grape", "poison"]
 TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *(f"\u2581{w}" for w in WORDS)]

@@ -11,12 +11,12 @@ import signal
 import numpy as np
 import pytest
 
-from engine.encoder.loader import load_encoder
-from engine.encoder.pooling import finish
-from engine.encoder.runner import pooled
-from engine.errors import EngineFailed, EngineUnavailable
-from engine.host.client import EngineState
-from engine.host.encoder_process import EncoderProcessEngine
+from mlx_serve.engine.encoder.loader import load_encoder
+from mlx_serve.engine.encoder.pooling import finish
+from mlx_serve.engine.encoder.runner import pooled
+from mlx_serve.engine.errors import EngineFailed, EngineUnavailable
+from mlx_serve.engine.host.client import EngineState
+from mlx_serve.engine.host.encoder_process import EncoderProcessEngine
 
 pytestmark = pytest.mark.real
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import socket
 import threading
 
-from engine.host.frames import HEADER, FrameReader, FrameWriter
-from engine.types import Finished, FinishReason, TextDelta, Usage
+from mlx_serve.engine.host.frames import HEADER, FrameReader, FrameWriter
+from mlx_serve.engine.types import Finished, FinishReason, TextDelta, Usage
 
 
 def read_until(reader: FrameReader, count: int, sock: socket.socket) -> list[object]:
@@ -38,9 +38,9 @@ def test_messages_arrive_whole_and_in_order_including_one_larger_than_the_socket
 def test_a_steps_events_cross_intact_whatever_their_kind() -> None:
     """Events pickles text events as their plain fields (engine.host.process_messages); every kind of
     event, with or without logprobs, an error among them, comes out equal on the other side."""
-    from engine.errors import EngineFailed
-    from engine.host.process_messages import Events
-    from engine.types import TokenLogprob, ToolCallArgsDelta, ToolCallStart
+    from mlx_serve.engine.errors import EngineFailed
+    from mlx_serve.engine.host.process_messages import Events
+    from mlx_serve.engine.types import TokenLogprob, ToolCallArgsDelta, ToolCallStart
 
     a, b = socket.socketpair()
     writer, reader = FrameWriter(a.fileno()), FrameReader(b.fileno())

@@ -7,12 +7,12 @@ import asyncio
 import threading
 from typing import Any
 
-from engine.batch.core import Core
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.errors import InvalidRequest
-from engine.host.child import ChildPlan
-from engine.host.process import ProcessEngine
-from engine.types import Counters, Finished, Request, SamplingParams
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.host.child import ChildPlan
+from mlx_serve.engine.host.process import ProcessEngine
+from mlx_serve.engine.types import Counters, Finished, Request, SamplingParams
 from tests.engine.host.test_process import PIECES, drain
 from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
 

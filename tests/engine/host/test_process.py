@@ -15,13 +15,13 @@ from typing import Any, cast
 
 import pytest
 
-from engine.batch.core import Core
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.errors import EngineFailed
-from engine.host.child import ChildPlan
-from engine.host.client import EngineState
-from engine.host.process import ProcessEngine
-from engine.types import Counters, Finished, Request, SamplingParams, TextDelta
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.errors import EngineFailed
+from mlx_serve.engine.host.child import ChildPlan
+from mlx_serve.engine.host.client import EngineState
+from mlx_serve.engine.host.process import ProcessEngine
+from mlx_serve.engine.types import Counters, Finished, Request, SamplingParams, TextDelta
 from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
 
 PIECES = ["a", "b", "c"]
@@ -39,7 +39,7 @@ def build_scripted(counters: Counters, script: Script) -> tuple[Core, dict[str, 
     """What engine.host.build.load_and_build does in the child, with a scripted runner."""
     if script.load_error:
         if script.fatal:
-            from engine.batch.admission import InsufficientMemory
+            from mlx_serve.engine.batch.admission import InsufficientMemory
 
             raise InsufficientMemory(script.load_error)
         raise RuntimeError(script.load_error)
@@ -254,7 +254,7 @@ def test_process_engine_child_death_fails_inflight_then_restarts() -> None:
 
 def test_process_engine_message_that_does_not_decode_fails_inflight_then_restarts() -> None:
     """Never a hang: a frame from the child that does not unpickle ends that child like a death."""
-    from engine.host.frames import HEADER
+    from mlx_serve.engine.host.frames import HEADER
 
     def garble(engine: ProcessEngine) -> None:
         child = engine._child

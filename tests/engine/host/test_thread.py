@@ -8,12 +8,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from engine.batch.core import Core
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.host.thread import ThreadEngine
-from engine.model.facts import model_facts
-from engine.model.loader import LoadedModel, default_gguf
-from engine.types import Counters, Request
+from mlx_serve.engine.batch.core import Core
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.host.thread import ThreadEngine
+from mlx_serve.engine.model.facts import model_facts
+from mlx_serve.engine.model.loader import LoadedModel, default_gguf
+from mlx_serve.engine.types import Counters, Request
 from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
 
 PIECES = ["a", "b", "c"]

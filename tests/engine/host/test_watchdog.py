@@ -9,11 +9,11 @@ import signal
 import threading
 from typing import Any
 
-from engine.errors import EngineFailed, EngineUnavailable
-from engine.host.child import ChildPlan
-from engine.host.client import EngineState
-from engine.host.process import ProcessEngine
-from engine.types import Request, SamplingParams
+from mlx_serve.engine.errors import EngineFailed, EngineUnavailable
+from mlx_serve.engine.host.child import ChildPlan
+from mlx_serve.engine.host.client import EngineState
+from mlx_serve.engine.host.process import ProcessEngine
+from mlx_serve.engine.types import Request, SamplingParams
 from tests.engine.host.test_process import Script, build_scripted, drain
 from tests.support.fake_engine import FakeTokenizer
 
@@ -105,7 +105,7 @@ def test_sends_to_a_stopped_engine_never_block_the_loop_and_past_the_outbox_are_
 
 
 def test_a_slow_step_that_still_answers_is_not_a_hang_but_silence_is() -> None:
-    from engine.host.watchdog import STEP_LIMIT_FACTOR, Progress
+    from mlx_serve.engine.host.watchdog import STEP_LIMIT_FACTOR, Progress
 
     slow = Progress(stall_s=30)
     slow.working(0.0)

@@ -16,8 +16,8 @@ from mlx_lm.models import llama
 from mlx_lm.tuner.lora import LoRALinear
 from mlx_lm.tuner.utils import load_adapters
 
-from engine.batch.disk_tier import fingerprint
-from engine.model.loader import is_quantized, maybe_dequantize
+from mlx_serve.engine.batch.disk_tier import fingerprint
+from mlx_serve.engine.model.loader import is_quantized, maybe_dequantize
 
 LORA = {"rank": 4, "dropout": 0.0, "scale": 20.0}
 

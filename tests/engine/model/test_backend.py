@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from engine.model.backend import CUDNN_ATTENTION, prefer_shape_free_attention
+from mlx_serve.engine.model.backend import CUDNN_ATTENTION, prefer_shape_free_attention
 
 
 def test_cudnn_attention_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

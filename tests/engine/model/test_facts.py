@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.model.facts import model_facts, parameter_size
+from mlx_serve.engine.model.facts import model_facts, parameter_size
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ def test_parameter_size_is_spelled_as_ollama_spells_it(count: int, spelled: str)
 def test_the_default_gguf_s_facts_are_its_file_its_tensors_and_its_file_type() -> None:
     import gguf
 
-    from engine.model.loader import default_gguf
+    from mlx_serve.engine.model.loader import default_gguf
 
     path = default_gguf()
     reader = gguf.GGUFReader(path)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from engine.errors import ContextTooLong
-from engine.model import templating
-from engine.model.templating import APPLY_OPTIONS, RenderLimits
-from engine.model.tokenizer import ChatTokenizer, warm_prompt_path
+from mlx_serve.engine.errors import ContextTooLong
+from mlx_serve.engine.model import templating
+from mlx_serve.engine.model.templating import APPLY_OPTIONS, RenderLimits
+from mlx_serve.engine.model.tokenizer import ChatTokenizer, warm_prompt_path
 from tests.support.byte_tokenizer import CHATML, byte_tokenizer
 
 HELLO = [{"role": "user", "content": "hello"}]

@@ -8,7 +8,7 @@ from typing import Any
 
 import jinja2
 
-from engine.model.tokenizer import TOOLS_FOOTER, TOOLS_HEADER, ChatTokenizer, template_uses_tools
+from mlx_serve.engine.model.tokenizer import TOOLS_FOOTER, TOOLS_HEADER, ChatTokenizer, template_uses_tools
 
 # SmolLM2's kind: ChatML, no `tools` anywhere.
 PLAIN = (

@@ -12,9 +12,9 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from engine.model.mlx_boundary import BatchKVCache, KVCache
-from engine.rows import batch_padding
-from engine.rows.batch_padding import concat_rows, host_padding
+from mlx_serve.engine.model.mlx_boundary import BatchKVCache, KVCache
+from mlx_serve.engine.rows import batch_padding
+from mlx_serve.engine.rows.batch_padding import concat_rows, host_padding
 
 H, D = 2, 4
 

@@ -13,9 +13,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.errors import InvalidRequest
-from engine.rows.grammar import Constraint, GrammarTokenizer
-from protocols import structured
+from mlx_serve.engine.errors import InvalidRequest
+from mlx_serve.engine.rows.grammar import Constraint, GrammarTokenizer
+from mlx_serve.protocols import structured
 
 WEATHER: Any = {
     "type": "function",
@@ -34,7 +34,7 @@ NOW: Any = {"type": "function", "function": {"name": "now"}}
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm_path: Path) -> Any:
-    from engine.model.loader import ModelSpec, load_tokenizer
+    from mlx_serve.engine.model.loader import ModelSpec, load_tokenizer
 
     return load_tokenizer(ModelSpec(smollm_path, "smollm"))
 

@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 from llguidance import LLMatcher
 
-from engine.rows.grammar import GrammarFailed, GrammarTokenizer
+from mlx_serve.engine.rows.grammar import GrammarFailed, GrammarTokenizer
 
 CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}
 
@@ -22,7 +22,7 @@ def wide_choice(n: int) -> str:
 
 @pytest.fixture(scope="module")
 def grammars(smollm_path: Path) -> GrammarTokenizer:
-    from engine.model.loader import ModelSpec, load_tokenizer
+    from mlx_serve.engine.model.loader import ModelSpec, load_tokenizer
 
     tokenizer: Any = load_tokenizer(ModelSpec(smollm_path, "smollm"))
     return GrammarTokenizer(tokenizer)
@@ -64,7 +64,7 @@ def test_a_grammar_failing_mid_decode_fails_its_row_instead_of_stopping(grammars
 
 
 def test_grammar_message_drops_a_rust_panic_backtrace_and_the_parser_state() -> None:
-    from engine.errors import grammar_message
+    from mlx_serve.engine.errors import grammar_message
 
     panic = "panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10\n<backtrace>\n   0: <unknown>\n"
     assert grammar_message(panic) == "panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10"

@@ -8,13 +8,13 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models import llama
 
-from engine.batch.admission import plan_memory, quantized_kv
-from engine.host.assemble import check_kv_quantization
-from engine.host.settings import EngineSettings
-from engine.model.loader import LoadedModel
-from engine.model.memory_probe import probe_model
-from engine.rows.quantized_kv import BatchQuantizedKVCache, make_quantized_cache
-from server.config import load_config
+from mlx_serve.engine.batch.admission import plan_memory, quantized_kv
+from mlx_serve.engine.host.assemble import check_kv_quantization
+from mlx_serve.engine.host.settings import EngineSettings
+from mlx_serve.engine.model.loader import LoadedModel
+from mlx_serve.engine.model.memory_probe import probe_model
+from mlx_serve.engine.rows.quantized_kv import BatchQuantizedKVCache, make_quantized_cache
+from mlx_serve.server.config import load_config
 from tests.engine.batch.test_admission import MIB, tiny_gemma3
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 128

@@ -18,10 +18,10 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
-from engine.batch.runner import BatchRunner
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.rows.quantized_kv import BatchQuantizedKVCache
-from engine.types import Request, SamplingParams
+from mlx_serve.engine.batch.runner import BatchRunner
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.rows.quantized_kv import BatchQuantizedKVCache
+from mlx_serve.engine.types import Request, SamplingParams
 from tests.engine.batch.test_runner import QUESTIONS, drive, prompt_ids
 
 PROMPTS = QUESTIONS + [
@@ -36,7 +36,7 @@ NEW_TOKENS = 48
 def _load(path: Path) -> tuple[Any, Any]:
     from mlx_lm import load
 
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(path))
     return maybe_dequantize(model, "always"), tokenizer  # as the server runs it on a CPU

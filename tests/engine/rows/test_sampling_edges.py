@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from engine.rows.sampling import make_row_sampler
-from engine.types import SamplingParams
+from mlx_serve.engine.rows.sampling import make_row_sampler
+from mlx_serve.engine.types import SamplingParams
 
 
 def _logprobs(seed: int) -> mx.array:

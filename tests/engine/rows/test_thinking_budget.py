@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from engine.rows.thinking_budget import ThinkingBudget
+from mlx_serve.engine.rows.thinking_budget import ThinkingBudget
 
 VOCAB = 5000
 START, END = 4998, 4999

@@ -12,7 +12,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from engine.speculation.cut_cache import CutKVCache, cut_rows
+from mlx_serve.engine.speculation.cut_cache import CutKVCache, cut_rows
 
 H, D = 2, 4
 

@@ -3,7 +3,7 @@ batch of a given size takes, from the rates it has measured, and how often it pr
 
 from __future__ import annotations
 
-from engine.speculation.gate import SpeculationGate, breakeven_acceptance
+from mlx_serve.engine.speculation.gate import SpeculationGate, breakeven_acceptance
 
 
 def test_the_gate_picks_the_faster_kind_of_step_and_keeps_probing_the_other() -> None:

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from engine.host.assemble import check_draft_tokenizer, load_draft
-from engine.model.loader import LoadedModel, load_model, prepare
-from engine.speculation.rows import Speculation
-from engine.types import Request, SamplingParams
+from mlx_serve.engine.host.assemble import check_draft_tokenizer, load_draft
+from mlx_serve.engine.model.loader import LoadedModel, load_model, prepare
+from mlx_serve.engine.speculation.rows import Speculation
+from mlx_serve.engine.types import Request, SamplingParams
 from tests.engine.batch.test_runner import prompt_ids, reference
 from tests.engine.speculation.test_speculation import run_batch
 

@@ -19,18 +19,18 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 
-from engine.batch.runner import BatchRunner
-from engine.batch.scheduler import Scheduler, SchedulerConfig
-from engine.rows.step_records import StepOutput
-from engine.speculation.drafting import (
+from mlx_serve.engine.batch.runner import BatchRunner
+from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
+from mlx_serve.engine.rows.step_records import StepOutput
+from mlx_serve.engine.speculation.drafting import (
     PREDICTION_K,
     NgramIndex,
     PredictionLookup,
     PromptLookup,
     RowSpeculation,
 )
-from engine.speculation.rows import Speculation
-from engine.types import Request, SamplingParams
+from mlx_serve.engine.speculation.rows import Speculation
+from mlx_serve.engine.types import Request, SamplingParams
 from tests.engine.batch.test_runner import drive, prompt_ids, reference
 
 COPY_PROMPTS = [
@@ -98,7 +98,7 @@ def test_a_row_whose_drafts_keep_failing_pauses_then_tries_again() -> None:
 
 @pytest.fixture(scope="module")
 def smollm(smollm_path: Path) -> tuple[Any, Any]:
-    from engine.model.loader import maybe_dequantize
+    from mlx_serve.engine.model.loader import maybe_dequantize
 
     model, tokenizer = load(str(smollm_path))
     return maybe_dequantize(model), tokenizer
@@ -226,7 +226,7 @@ def test_seeded_sampling_is_the_same_text_with_or_without_speculation(smollm: tu
 def test_rows_the_draft_does_not_follow_ride_along_and_the_rest_draft_exactly(tiny_path: Path) -> None:
     from mlx_lm.generate import generate_step
 
-    from engine.speculation.draft_model import DraftRows
+    from mlx_serve.engine.speculation.draft_model import DraftRows
 
     draft = load(str(tiny_path))[0]
     prompts = [list(range(100, 130)), list(range(200, 240)), list(range(300, 310))]
@@ -261,7 +261,7 @@ def test_a_lagging_draft_cache_catches_up_and_drafts_what_the_draft_model_would(
     draft) catch up in pieces and draft exactly the draft model's own greedy continuation."""
     from mlx_lm.generate import generate_step
 
-    from engine.speculation.draft_model import DraftRows
+    from mlx_serve.engine.speculation.draft_model import DraftRows
 
     draft = load(str(tiny_path))[0]
     prompts = [list(range(100, 130)), list(range(200, 212))]
@@ -365,19 +365,19 @@ def test_the_gate_is_charged_for_the_kind_of_step_that_ran_and_not_for_a_joins_d
     # the 1.5B, one stream on a CPU: gated 1.00x where the gate off ran 1.5x): the whole draft
     # prefill of a joining prompt charged to one step's rate, and steps it allowed in which no
     # row had drafts (rows the draft was not following) charged to speculation at plain speed.
-    import engine.speculation.rows
+    import mlx_serve.engine.speculation.rows
 
     model, tokenizer = smollm
     eos = set(tokenizer.eos_token_ids)
     clock = {"skew": 0.0}
-    real = engine.speculation.rows.time.perf_counter
+    real = mlx_serve.engine.speculation.rows.time.perf_counter
 
     class Clock:
         @staticmethod
         def perf_counter() -> float:
             return real() + clock["skew"]
 
-    monkeypatch.setattr(engine.speculation.rows, "time", Clock)
+    monkeypatch.setattr(mlx_serve.engine.speculation.rows, "time", Clock)
     recorded: list[tuple[bool, float]] = []
 
     def runner_with(mirror: bool) -> BatchRunner:

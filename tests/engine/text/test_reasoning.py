@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from engine.text.reasoning import ReasoningSplitter, reasoning_splitter
-from engine.types import Delta, ReasoningDelta, TextDelta
+from mlx_serve.engine.text.reasoning import ReasoningSplitter, reasoning_splitter
+from mlx_serve.engine.types import Delta, ReasoningDelta, TextDelta
 
 OUTPUT = "<think>\nThe user wants a city.\n</think>\n\nParis."
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from engine.text.stops import StopMatcher
+from mlx_serve.engine.text.stops import StopMatcher
 
 
 def run(stops: tuple[str, ...], pieces: list[str]) -> tuple[str, str | None]:

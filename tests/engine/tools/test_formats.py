@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from engine.tools.formats import HERMES, LLAMA3_JSON, format_named, parser_names, tool_format_for
-from engine.tools.splitter import ToolCallSplitter
-from engine.types import TextDelta, ToolCallArgsDelta, ToolCallStart
+from mlx_serve.engine.tools.formats import HERMES, LLAMA3_JSON, format_named, parser_names, tool_format_for
+from mlx_serve.engine.tools.splitter import ToolCallSplitter
+from mlx_serve.engine.types import TextDelta, ToolCallArgsDelta, ToolCallStart
 from tests.engine.tools.tool_outputs import RECORDED, Recorded
 
 LLAMA32_TEMPLATE = (

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engine.tools.json_scan import JsonScanner, partial_value
+from mlx_serve.engine.tools.json_scan import JsonScanner, partial_value
 
 VALID = [
     "{}",

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from engine.tools.formats import QWEN2_5, tool_format_for
-from engine.tools.splitter import ToolCallSplitter
-from engine.types import TextDelta, ToolCallArgsDelta, ToolCallStart
+from mlx_serve.engine.tools.formats import QWEN2_5, tool_format_for
+from mlx_serve.engine.tools.splitter import ToolCallSplitter
+from mlx_serve.engine.types import TextDelta, ToolCallArgsDelta, ToolCallStart
 from tests.engine.tools.test_formats import Wrapper
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

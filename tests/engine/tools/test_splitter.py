@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.tools.formats import HERMES, ToolFormat, format_named
-from engine.tools.splitter import ToolCallSplitter
-from engine.types import Delta, TextDelta, ToolCallArgsDelta, ToolCallStart
+from mlx_serve.engine.tools.formats import HERMES, ToolFormat, format_named
+from mlx_serve.engine.tools.splitter import ToolCallSplitter
+from mlx_serve.engine.types import Delta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from tests.engine.tools.tool_outputs import NOT_CALLS, RECORDED, WEATHER, Recorded
 
 
