@@ -44,20 +44,29 @@ def default_dir() -> Path:
 
 def fingerprint(model: Model, block_tokens: int) -> str:
     """The model's identity for its blocks on disk: every parameter's name, shape and dtype, a
-    sample of its values, the KV layout and the block size."""
+    sample of its values (its first 16, 16 spread over it, and the sum of all of them — one pass
+    over the weights on the accelerator — so two fine-tunes or adapters that differ anywhere differ
+    here), the KV layout and the block size."""
     from mlx.utils import tree_flatten
 
     from mlx_serve.engine.model.mlx_boundary import make_prompt_cache
 
     h = hashlib.blake2b(f"{FORMAT}:{block_tokens}".encode(), digest_size=12)
     params = cast("list[tuple[str, mx.array]]", tree_flatten(model.parameters()))
-    samples = [p.reshape(-1)[:16].astype(mx.float32) for _, p in params]
+    samples = [_sample(p) for _, p in params]
     mx.eval(samples)
     for (name, p), sample in zip(params, samples):
         h.update(f"{name}{p.shape}{p.dtype}".encode())
         h.update(repr(sample.tolist()).encode())
     h.update(" ".join(type(c).__name__ for c in make_prompt_cache(model)).encode())
     return h.hexdigest()
+
+
+def _sample(p: mx.array) -> mx.array:
+    flat = p.reshape(-1)
+    spread = flat[:: max(1, flat.size // 16)][:16]
+    total = mx.sum(flat.astype(mx.float32), keepdims=True)
+    return mx.concatenate([flat[:16].astype(mx.float32), spread.astype(mx.float32), total])
 
 
 class DiskTier:

@@ -289,3 +289,12 @@ def test_blocks_are_kept_per_model_fingerprint_weights_dtype_and_layout() -> Non
     assert fingerprint(a, B) != fingerprint(a, 2 * B)  # another block size
     same.set_dtype(mx.bfloat16)
     assert fingerprint(a, B) != fingerprint(same, B)
+
+
+def test_a_fine_tune_that_differs_only_past_the_first_values_has_its_own_blocks() -> None:
+    """Two models (a fine-tune, a merged adapter) whose every tensor starts alike but differs
+    further in never share blocks on disk."""
+    a, tuned = llama(0), llama(0)
+    w = tuned.model.layers[0].mlp.down_proj.weight
+    tuned.model.layers[0].mlp.down_proj.weight = mx.concatenate([w[:-1], w[-1:] + 0.5])
+    assert fingerprint(a, B) != fingerprint(tuned, B)
