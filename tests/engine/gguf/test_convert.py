@@ -195,6 +195,24 @@ def test_convert_gguf_reconverts_a_changed_file(tmp_path: Path) -> None:
     assert convert_gguf(tiny.path, cache_root=tmp_path) != first
 
 
+def test_a_newer_conversion_deletes_the_one_of_a_changed_or_gone_file_and_keeps_others(
+    tmp_path: Path,
+) -> None:
+    """The cache holds one conversion per GGUF file: a re-installed (or edited) file's older
+    conversion, and that of a file since deleted, go when the next conversion is written."""
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True)
+    other = write_tiny_gguf(tmp_path / "other.gguf", "llama", tied=True)
+    gone = write_tiny_gguf(tmp_path / "gone.gguf", "llama", tied=True)
+    first, kept, removed = (convert_gguf(g.path, cache_root=tmp_path) for g in (tiny, other, gone))
+    gone.path.unlink()
+    stat = tiny.path.stat()
+    os.utime(tiny.path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+    second = convert_gguf(tiny.path, cache_root=tmp_path)
+    assert (second / "config.json").is_file() and not first.exists() and not removed.exists()
+    assert (kept / "config.json").is_file()
+
+
 def test_convert_gguf_defaults_to_the_env_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True)
     monkeypatch.setenv("MLX_SERVE_CACHE", str(tmp_path / "env-cache"))
