@@ -14,6 +14,7 @@ on a 2-core CPU.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,21 @@ def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     server = clis.serve(TOOL_MODEL, optional=True, log=tmp_path_factory.mktemp("logs") / "codex-tools.log")
     yield server
     server.close()
+
+
+def cached(access_line: str, field: str) -> int:
+    """A count from the server's access log line (`cached_tokens=N`, `prompt_tokens=N`)."""
+    return int(access_line.split(f" {field}=")[1].split()[0])
+
+
+def responses_lines(server: ServerProcess, at_least: int, wait_s: float = 30) -> list[str]:
+    """The access log's Responses lines, waiting a little for a request still ending."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        lines = [ln for ln in server.log().splitlines() if "route=/v1/responses " in ln]
+        if len(lines) >= at_least or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.5)
 
 
 def items(run: clis.Run, kind: str) -> list[dict[str, Any]]:
@@ -115,21 +131,25 @@ def test_calls_its_shell_tool_and_gets_the_result_back(tool_model: ServerProcess
     prompt = f"Run the shell command `echo {MARKER}` and tell me what it printed."
     # Bounded: after its first call the model may go on calling tools, turn after turn.
     run = clis.codex(tool_model.url, tmp_path, prompt, *lean(tmp_path), timeout_s=300, partial=True)
-    lines = [ln for ln in tool_model.log().splitlines() if "route=/v1/responses " in ln]
-    assert lines and all("status=200" in ln for ln in lines), run.stderr[-2000:]  # every turn answered
-    assert "finish=tool_calls" in lines[0]  # the model's first answer is a call (a line ends a request)
+    # A line ends a request; one that the bound cut short (its client gone) is logged as it ends.
+    lines = responses_lines(tool_model, at_least=2)
+    assert lines and all("status=200" in ln for ln in lines[:-1]), (lines, run.stderr[-2000:])
+    assert "finish=tool_calls" in lines[0]  # the model's first answer is a call
+    if len(lines) >= 2:  # Codex sent the call's outcome back within the bound (the 0.5B is slow here)
+        # The next request resends the conversation and starts from the first one's cache (all
+        # of its prompt but a partial last block of 256 tokens).
+        assert cached(lines[1], "cached_tokens") >= cached(lines[0], "prompt_tokens") - 256 > 0, lines[:2]
     commands = items(run, "command_execution")
-    if not commands:
+    if commands:
+        assert MARKER in commands[0]["command"] and MARKER in commands[0]["aggregated_output"]
+        assert commands[0]["exit_code"] == 0
+    else:
         # Seen with Qwen2.5-Coder-0.5B, greedy: its exec_command fills in every optional field,
         # `sandbox_permissions: "require_escalated"` included, which Codex's exec mode (approval
-        # "never") rejects; the model then tries write_stdin and other tools.
-        assert "codex_core::tools::router" in run.stderr, run.stderr[-2000:]  # Codex handled the call
-        pytest.xfail("no command ran: Codex refused the model's exec_command calls (seen: require_escalated)")
-    assert MARKER in commands[0]["command"] and MARKER in commands[0]["aggregated_output"]
-    assert commands[0]["exit_code"] == 0
-    if run.timed_out or not items(run, "agent_message"):
-        pytest.xfail("the round trip works; the model then keeps calling tools instead of answering")
-    assert run.rc == 0, run.stdout[-3000:]
+        # "never") rejects and says so to the model: the call reached Codex's tool router whole.
+        assert "codex_core::tools::router" in run.stderr, run.stderr[-2000:]
+    for turn in run.of_type("turn.completed"):  # a turn that ended (the 0.5B may go on calling tools)
+        assert turn["usage"]["cached_input_tokens"] > 0, turn
 
 
 @pytest.mark.timeout(3600)
