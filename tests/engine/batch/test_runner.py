@@ -129,6 +129,49 @@ def test_runner_rows_joining_at_a_padded_width_keep_mlx_lm_greedy(
         assert width == prefill.prefill_width(max(lengths)) > max(lengths), widths
 
 
+def test_runner_a_row_joining_alone_at_a_padded_width_keeps_mlx_lm_greedy_with_a_cached_prefix(
+    smollm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row that joins alone (an agent's next turn) is prefilled at its ladder width too; its
+    padding is trimmed off its caches' end, where rows padded unlike each other are rolled.
+    Greedy tokens equal mlx-lm's for a row from scratch and for one that starts from the first
+    row's cached prefix, joining while another row decodes and joining an empty batch."""
+    model, tokenizer = smollm
+    eos = set(tokenizer.eos_token_ids)
+    first = Request("first", prompt_ids(tokenizer, QUESTIONS[4]), SamplingParams(), 12)
+    more = tokenizer.encode(" Answer in one short sentence; name the city first, then stop.")
+    turn = Request("turn", (*first.prompt_tokens, *more), SamplingParams(), 12)
+    other = Request("other", prompt_ids(tokenizer, QUESTIONS[1]), SamplingParams(), 30)
+    widths: list[tuple[list[int], int]] = []
+    lazily = prefill.prompt_lazily
+
+    def watched(batch: Any, tokens: list[list[int]], width: int = 0) -> None:
+        widths.append(([len(t) for t in tokens], width))
+        lazily(batch, tokens, width)
+
+    monkeypatch.setattr(runner_module, "prompt_lazily", watched)
+    import mlx_lm.models.cache as mlx_cache
+
+    rolls: list[int] = []
+    roll = mlx_cache.dynamic_roll
+
+    def counted(x: mx.array, shifts: mx.array, axis: int) -> mx.array:
+        rolls.append(int(x.shape[axis]))
+        return roll(x, shifts, axis)
+
+    monkeypatch.setattr(mlx_cache, "dynamic_roll", counted)
+    prefix = PrefixCache(max_entries=4, max_bytes=1 << 30)
+    runner = BatchRunner(model, prefix_cache=prefix, bucket_prefill=True)
+    sched = Scheduler(SchedulerConfig(), frozenset(eos), lambda r: prefix.lookup(r.prompt_tokens)[1])
+    got = drive(runner, sched, {0: [first], 30: [other], 32: [turn]}, prefix)
+    for r in (first, other, turn):
+        assert got[r.id] == reference(model, r.prompt_tokens, r.max_tokens, eos), r.id
+    alone = [(lengths, width) for lengths, width in widths if len(lengths) == 1]
+    assert len(alone) == 3 and all(width > lengths[0] for lengths, width in alone), widths
+    assert alone[-1][0][0] < len(turn.prompt_tokens) // 2  # the turn prefilled only its new tokens
+    assert rolls == []  # no gather over a joining row's whole KV
+
+
 def test_runner_a_lone_row_steps_on_plain_caches_and_rows_joining_it_keep_mlx_lm_greedy(
     smollm: tuple[Any, Any],
 ) -> None:
