@@ -2,7 +2,8 @@
 keep-alive comment every --heartbeat-s while the model loads (tens of seconds for a big one), so
 no client times out; the answer then follows in the same stream. A refusal found after the head
 (the model failed to load, or the request is invalid) is an SSE `error` event carrying the
-format's own error body, which the OpenAI and Anthropic SDKs raise as their API error."""
+format's own error body, which the OpenAI and Anthropic SDKs raise as their API error. The
+frames are the writer's (server.writer.encode_frame): this module only decides when they go."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
+import orjson
 
 from mlx_serve.engine.errors import ServeError
-from mlx_serve.protocols.contract import ErrorFormat, Message, Send
+from mlx_serve.protocols.contract import ErrorFormat, Message, Send, SseComment, SseEvent
 from mlx_serve.server.dispatch import send_error
 from mlx_serve.server.registry import Registry, Slot, named
+from mlx_serve.server.writer import SSE_HEADERS, encode_frame
 
-HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+LOADING = encode_frame(SseComment("loading the model"))
 
 
 class Streams(msgspec.Struct):
@@ -49,20 +52,18 @@ class EarlyStream:
         self._refusal = False
 
     async def head(self) -> None:
-        await self._send({"type": "http.response.start", "status": 200, "headers": HEAD})
+        await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
 
     async def heartbeat(self) -> None:
-        await self._send(
-            {"type": "http.response.body", "body": b": loading the model\n\n", "more_body": True}
-        )
+        await self._send({"type": "http.response.body", "body": LOADING, "more_body": True})
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self._refusal = message["status"] != 200
             return
         if self._refusal and message["type"] == "http.response.body":
-            data = b"event: error\ndata: " + bytes(message.get("body", b"")) + b"\n\n"
-            message = {"type": "http.response.body", "body": data, "more_body": False}
+            error = SseEvent(orjson.loads(bytes(message.get("body", b"")) or b"{}"), "error")
+            message = {"type": "http.response.body", "body": encode_frame(error), "more_body": False}
         await self._send(message)
 
 
