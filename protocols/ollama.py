@@ -5,7 +5,7 @@ Ollama streams by default (`stream` absent is true), one JSON object a line (NDJ
 sampling lives in `options`, its limits are `num_predict` (absent or negative: up to the
 context) and `num_ctx` (a clamp on prompt + answer here: the model's own context is fixed at
 load). Options that change nothing here (threads, GPU layers, mirostat, ...) are served without
-and named in a `Warning` header, as is `keep_alive` (the model stays loaded). Messages become
+and named in a `Warning` header, as is `keep_alive` (the server's --idle-unload-s decides). Messages become
 the same template dicts `openai_chat` renders, so one conversation is one prompt on every
 wire format, and greedy output equals the OpenAI route's.
 """
@@ -294,7 +294,8 @@ def _warnings(req: Common, ignored: list[str]) -> tuple[str, ...]:
     if req.keep_alive is not None:
         notes.append(
             conv.warning(
-                "keep_alive has no effect here: the model stays loaded for as long as the server runs"
+                "keep_alive has no effect here: how long a model stays loaded is the server's "
+                "--idle-unload-s (by default, for as long as the server runs)"
             )
         )
     return tuple(notes)
