@@ -4,8 +4,6 @@ adapter the requested model is served with (`--adapter-path` on a one-model serv
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -15,7 +13,7 @@ from mlx_serve.server.app import App
 from mlx_serve.server.config import Config
 from mlx_serve.server.models_file import ModelEntry, with_adapters
 from mlx_serve.server.registry import Need, Registry, Slot
-from tests.support.asgi import Reply, call
+from tests.support.asgi import Reply, call, run_registry
 from tests.support.fake_engine import fake_engine
 
 SQL = "/srv/adapters/sql"
@@ -24,17 +22,6 @@ SQL = "/srv/adapters/sql"
 def chat(model: str, adapters: str) -> bytes:
     messages = [{"role": "user", "content": "hi"}]
     return orjson.dumps({"model": model, "messages": messages, "max_tokens": 20, "adapters": adapters})
-
-
-def served(app: App, test: Callable[[App], Awaitable[None]]) -> None:
-    async def go() -> None:
-        app.registry.start()
-        try:
-            await test(app)
-        finally:
-            app.registry.stop()
-
-    asyncio.run(go())
 
 
 def many() -> App:
@@ -67,7 +54,7 @@ def test_a_base_name_model_takes_its_own_adapter_folder_and_refuses_others() -> 
         plain = refused(await call(app, "POST", "/v1/completions", completion))
         assert "served without an adapter" in plain and '"BASE:NAME"' in plain
 
-    served(many(), test)
+    run_registry(many(), test)
 
 
 def test_a_one_model_server_takes_the_folder_of_its_adapter_path() -> None:
@@ -82,4 +69,4 @@ def test_a_one_model_server_takes_the_folder_of_its_adapter_path() -> None:
             await call(app, "POST", "/v1/chat/completions", chat("default", "/x"))
         )
 
-    served(app, test)
+    run_registry(app, test)

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -21,7 +20,7 @@ from mlx_serve.server.config import Config
 from mlx_serve.server.models_file import ModelEntry
 from mlx_serve.server.registry import Registry, Slot
 from mlx_serve.server.shutdown import Drain
-from tests.support.asgi import Reply, call, wait_until
+from tests.support.asgi import Reply, call, run_registry, wait_until
 from tests.support.fake_engine import fake_engine
 
 GIB = 1 << 30
@@ -66,17 +65,6 @@ def many(
     return App(Config(heartbeat_s=0.05), registry), built
 
 
-def run(app: App, test: Callable[[App], Awaitable[None]]) -> None:
-    async def go() -> None:
-        app.registry.start()
-        try:
-            await test(app)
-        finally:
-            app.registry.stop()
-
-    asyncio.run(go())
-
-
 def text(reply: Reply) -> str:
     return str(reply.json()["choices"][0]["message"]["content"])
 
@@ -107,7 +95,7 @@ def test_the_requests_model_picks_the_engine_on_every_format() -> None:
         counted = await call(app, "POST", "/v1/messages/count_tokens", orjson.dumps(messages))
         assert counted.status == 200 and counted.json()["input_tokens"] > 0
 
-    run(app, test)
+    run_registry(app, test)
     assert built == ["alpha", "beta"]  # the default at start, beta on its first request
 
 
@@ -125,7 +113,7 @@ def test_an_unknown_model_is_each_formats_404() -> None:
         assert reply.status == 404 and "gpt-4" in reply.json()["error"]
         assert (await call(app, "GET", "/v1/models/gpt-4")).status == 404
 
-    run(app, test)
+    run_registry(app, test)
 
 
 def test_models_list_their_state_context_and_memory() -> None:
@@ -147,7 +135,7 @@ def test_models_list_their_state_context_and_memory() -> None:
         health = await call(app, "GET", "/health")
         assert health.status == 200 and health.json()["models"] == {"alpha": "loaded", "beta": "unloaded"}
 
-    run(app, test)
+    run_registry(app, test)
 
 
 def test_the_least_recently_used_idle_model_makes_room() -> None:
@@ -161,7 +149,7 @@ def test_the_least_recently_used_idle_model_makes_room() -> None:
             "alpha": "loaded", "beta": "unloaded", "gamma": "loaded",
         }  # fmt: skip
 
-    run(app, test)
+    run_registry(app, test)
     assert built == ["alpha", "beta", "gamma"]
 
 
@@ -177,7 +165,7 @@ def test_a_model_with_a_request_running_is_never_unloaded_under_it() -> None:
         assert text(await long) == "I am alpha."
         assert text(await call(app, "POST", "/v1/chat/completions", chat("beta"))) == "I am beta."
 
-    run(app, test)
+    run_registry(app, test)
 
 
 def test_a_model_that_cannot_fit_is_a_503_naming_the_memory() -> None:
@@ -188,7 +176,7 @@ def test_a_model_that_cannot_fit_is_a_503_naming_the_memory() -> None:
         message = reply.json()["error"]["message"]
         assert reply.status == 503 and "needs about 3.00 GiB" in message and "budget is 1.00 GiB" in message
 
-    run(app, test)
+    run_registry(app, test)
 
 
 def test_pinned_models_stay_and_idle_ones_unload() -> None:
@@ -206,7 +194,7 @@ def test_pinned_models_stay_and_idle_ones_unload() -> None:
         await wait_until(lambda: app.registry.slots["gamma"].state == "unloaded", timeout_s=3)
         assert app.registry.slots["alpha"].state == "loaded"  # pinned: past its idle time too
 
-    run(app, test)
+    run_registry(app, test)
 
 
 def test_sweep_unloads_only_past_the_idle_limit() -> None:
@@ -220,7 +208,7 @@ def test_sweep_unloads_only_past_the_idle_limit() -> None:
         assert app.registry.sweep(now + 30) == []
         assert app.registry.sweep(now + 61) == ["alpha"]  # beta's own 0: never
 
-    run(app, test)
+    run_registry(app, test)
 
 
 def test_admin_load_unload_and_progress_events() -> None:
@@ -242,7 +230,7 @@ def test_admin_load_unload_and_progress_events() -> None:
         missing = await call(app, "POST", "/models/load", b'{"model": "nope"}')
         assert missing.status == 404
 
-    run(app, test)
+    run_registry(app, test)
 
 
 def test_a_stream_waiting_for_its_model_gets_heartbeats_then_its_answer() -> None:
@@ -260,7 +248,7 @@ def test_a_stream_waiting_for_its_model_gets_heartbeats_then_its_answer() -> Non
         assert "".join(p["choices"][0]["delta"].get("content") or "" for p in pieces) == "I am beta."
         assert reply.sse_data()[-1] == "[DONE]"
 
-    run(app, test)
+    run_registry(app, test)
 
 
 def test_a_model_that_fails_to_load_is_an_error_event_on_a_stream_and_a_503_without() -> None:
@@ -276,7 +264,7 @@ def test_a_model_that_fails_to_load_is_an_error_event_on_a_stream_and_a_503_with
         assert plain.status == 503 and "no weights here" in plain.json()["error"]["message"]
         assert text(await call(app, "POST", "/v1/chat/completions", chat("alpha"))) == "I am alpha."
 
-    run(app, test)
+    run_registry(app, test)
 
 
 def test_the_loaders_fetching_and_converting_lines_are_progress_events() -> None:
@@ -305,7 +293,7 @@ def test_the_loaders_fetching_and_converting_lines_are_progress_events() -> None
         assert [e["status"] for e in seen if e["model"] == "beta"][-1] == "ready"
 
     try:
-        run(app, test)
+        run_registry(app, test)
     finally:
         loader.setLevel(level)
 
@@ -322,7 +310,7 @@ def test_the_admin_api_is_behind_the_api_key() -> None:
         assert (await call(stack, "GET", "/health")).status == 200  # /health stays open
         assert app.registry.slots["beta"].state == "unloaded"
 
-    run(app, test)
+    run_registry(app, test)
 
 
 def test_a_model_of_unknown_need_takes_an_even_share() -> None:
@@ -333,7 +321,7 @@ def test_a_model_of_unknown_need_takes_an_even_share() -> None:
             await app.registry.ensure(app.registry.slots[name])
         assert [s.allotted for s in app.registry.slots.values()] == [GIB, GIB, GIB]
 
-    run(app, test)
+    run_registry(app, test)
 
 
 async def socket_turn(app: App, message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -366,4 +354,4 @@ def test_a_responses_socket_turn_goes_to_the_model_it_names() -> None:
         refused = await socket_turn(app, {**turn, "model": "gpt-4"})
         assert refused[-1]["type"] == "error" and refused[-1]["status"] == 404
 
-    run(app, test)
+    run_registry(app, test)

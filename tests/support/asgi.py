@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,3 +88,16 @@ async def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.01)
+
+
+def run_registry(app: Any, test: Callable[[Any], Awaitable[None]]) -> None:
+    """Run `test(app)` on an event loop with the app's model registry started, and stop it."""
+
+    async def go() -> None:
+        app.registry.start()
+        try:
+            await test(app)
+        finally:
+            app.registry.stop()
+
+    asyncio.run(go())
