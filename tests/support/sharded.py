@@ -97,7 +97,7 @@ class ShardedGroup:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"MLX_RANK=1" in environ and b"-m\0server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"MLX_RANK=1" in environ and b"-m\0mlx_serve" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return pid
         raise RuntimeError("no rank 1 process")
 
