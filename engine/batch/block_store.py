@@ -13,7 +13,11 @@ and only blocks no cached block descends from (a chain is used from its root to 
 is touched end first, so its ancestors are the more recent). With a disk tier
 (engine.batch.disk_tier) every full block is also written there, a step after it is stored (its
 copy is done by then) or when it is evicted, so a restart finds it; a lookup continues into the
-disk tier where memory ends.
+disk tier where memory ends. Where the host cannot read the accelerator's memory in place
+(`host_reads_in_place`: a CUDA GPU's managed memory migrates to the host page by page as it is
+read, ~1.3 GB/s on an H100, and back on the GPU's next read), writing a block still in use
+would slow the next turn that reads it and the decode steps beside the writes, so blocks go to
+disk only when they are evicted and, at a clean stop, all of them.
 
 Room: the store's byte limit is the least of --prompt-cache-bytes and the KV memory the running
 rows do not hold (`fit`, told each step the slots the scheduler has reserved), so a row that
@@ -73,8 +77,10 @@ class BlockStore:
         min_hit: int = 1,
         block_tokens: int = BLOCK_TOKENS,
         disk: DiskTier | None = None,
+        write_through: bool = True,
     ) -> None:
         self.max_bytes = max_bytes
+        self.write_through = write_through  # full blocks to disk as stored (else when evicted)
         self.limit_bytes = max_bytes  # max_bytes less what running rows hold (fit)
         self.min_hit = max(1, min_hit)
         self.block_tokens = block_tokens
@@ -120,6 +126,12 @@ class BlockStore:
         """Write what the disk tier lacks, and wait for it (a clean stop)."""
         if self.disk is not None:
             self._write_through()
+            if not self.write_through:
+                for block in list(self._lru.values()):
+                    if len(block.tokens) == self.block_tokens:
+                        self.disk.put(
+                            block.key, block.parent_key, block.tokens, block.keys, block.values, held=True
+                        )
             self.disk.close()
 
     def _drop(self, block: Block, spill: bool) -> None:
@@ -237,7 +249,7 @@ class BlockStore:
                 values = [mx.contiguous(v[..., start : start + len(part), :]) for _, v in states]
                 block = self._add(block_key(last.key if last else ROOT_KEY, part), last, part, keys, values)
                 new.extend(keys + values)
-                if len(part) == b and self.disk is not None:
+                if len(part) == b and self.disk is not None and self.write_through:
                     self._unwritten.append(block)
             last = block
         self._touch(last)
@@ -275,6 +287,12 @@ class BlockStore:
         self._lru[key] = block
         self._nbytes += nbytes
         return block
+
+
+def host_reads_in_place() -> bool:
+    """Whether the host reads accelerator arrays where they lie: the CPU's own, or Apple silicon's
+    unified memory (MLX's Metal backend). Not a CUDA GPU's managed memory, which migrates."""
+    return mx.default_device().type == mx.DeviceType.cpu or mx.metal.is_available()
 
 
 def _layers(cache: list[CacheLayer]) -> list[tuple[mx.array, mx.array]]:

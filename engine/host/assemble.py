@@ -152,7 +152,7 @@ def make_prefix_cache(
     --prompt-cache-bytes; a sharded rank keeps a fixed cap in proportion to its KV per token."""
     import mlx.core as mx
 
-    from mlx_serve.engine.batch.block_store import BlockStore
+    from mlx_serve.engine.batch.block_store import BlockStore, host_reads_in_place
     from mlx_serve.engine.batch.prefix_cache import PrefixCache, gpu_min_hit
     from mlx_serve.engine.model.mlx_boundary import KVCache, make_prompt_cache
 
@@ -173,7 +173,7 @@ def make_prefix_cache(
         nbytes = shard.prefix_bytes(fixed) if shard is not None else fixed
         return PrefixCache(max_entries=settings.prompt_cache_size, max_bytes=nbytes, min_hit=min_hit)
     disk = None if shard is not None else _disk_tier(loaded, settings)
-    return BlockStore(max_bytes=nbytes, min_hit=min_hit, disk=disk)
+    return BlockStore(max_bytes=nbytes, min_hit=min_hit, disk=disk, write_through=host_reads_in_place())
 
 
 def _disk_tier(loaded: LoadedModel, settings: EngineSettings) -> DiskTier | None:

@@ -197,6 +197,30 @@ def test_stored_blocks_are_written_through_a_step_later_so_a_restart_finds_them(
     expect(found, a[:8])
 
 
+def test_without_write_through_blocks_reach_disk_when_evicted_or_at_a_clean_stop(tmp_path: Path) -> None:
+    """Where the host cannot read the accelerator's memory in place (a CUDA GPU), blocks in use are
+    not written as they are stored; a restart after a clean stop finds them all the same."""
+    s = BlockStore(max_bytes=1 << 30, block_tokens=B, disk=DiskTier(tmp_path, 1 << 30), write_through=False)
+    a, b = list(range(1, 10)), list(range(100, 109))
+    store(s, a)
+    store(s, b)
+    s.fit(1 << 30)  # steps go by: nothing is written
+    s.lookup((*a, 60))
+    assert s.disk is not None
+    settle(s.disk)
+    assert list(tmp_path.glob("*.safetensors")) == []
+    s.fit(3 * block_bytes())  # pressure: b's blocks (the least recent) spill, a's stay in memory
+    settle(s.disk)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 2
+    s.close()  # a clean stop writes what memory still holds
+    assert len(list(tmp_path.glob("*.safetensors"))) == 4
+    again = BlockStore(max_bytes=1 << 30, block_tokens=B, disk=DiskTier(tmp_path, 1 << 30))
+    for tokens in (a, b):
+        found, n = again.lookup(tuple(tokens))
+        assert n == 8 and again.last.from_disk == 8
+        expect(found, tokens[:8])
+
+
 def test_the_disk_tier_keeps_to_its_cap_oldest_first(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path, 1 << 30)
     s = BlockStore(max_bytes=1 << 30, block_tokens=B, disk=tier)
