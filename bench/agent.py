@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,7 +80,11 @@ async def send_all(
 async def one_server(
     args: argparse.Namespace, name: str, model: Path, logs: Path, a: list[AgentRequest], b: list[AgentRequest]
 ) -> ServerRun:
-    spec = server_spec(args, name, model, logs)
+    extra = ""
+    if name == "mlx-serve" and "--prompt-cache-dir" not in args.mlx_serve_args:
+        # a disk tier of its own each round, kept across the restart: turn 1 is cold, the restart is not
+        extra = f"--prompt-cache-dir {tempfile.mkdtemp(dir=logs, prefix='prompt-cache-')}"
+    spec = server_spec(args, name, model, logs, extra)
     results = await send_all(args, spec, logs / f"{name}.log", a + b[:1])
     restarted = await send_all(args, spec, logs / f"{name}-restarted.log", a[-1:])
     return ServerRun(results[: len(a)], results[len(a)] if b else None, restarted[0])

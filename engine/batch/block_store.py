@@ -126,8 +126,8 @@ class BlockStore:
         """Write what the disk tier lacks, and wait for it (a clean stop)."""
         if self.disk is not None:
             self._write_through()
-            if not self.write_through:
-                for block in list(self._lru.values()):
+            if not self.write_through:  # the most recently used first (roots before their leaves)
+                for block in reversed(list(self._lru.values())):
                     if len(block.tokens) == self.block_tokens:
                         self.disk.put(
                             block.key, block.parent_key, block.tokens, block.keys, block.values, held=True

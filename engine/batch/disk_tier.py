@@ -17,6 +17,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from array import array
 from collections import OrderedDict
 from pathlib import Path
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlx_serve.engine")
 
 SUFFIX = ".safetensors"
+CLOSE_WRITE_S = 20.0  # a clean stop writes what is queued for this long; the rest is dropped
 MAX_PENDING_BYTES = 1 << 30  # evicted blocks waiting for the writer; past it, a spill is skipped
 FORMAT = "1"
 TMP_PREFIX = "writing-"
@@ -80,6 +82,7 @@ class DiskTier:
         self._index: OrderedDict[bytes, int] = OrderedDict()  # key -> file bytes, oldest first
         self._pending: dict[bytes, tuple[list[mx.array], list[mx.array]]] = {}
         self._pending_bytes = 0
+        self._stop_by = float("inf")  # close(): writes after this are dropped
         self._queue: queue.SimpleQueue[tuple[bytes, dict[str, mx.array], dict[str, str]] | None] = (
             queue.SimpleQueue()
         )
@@ -153,7 +156,7 @@ class DiskTier:
                         self._pending_bytes -= sum(a.nbytes for a in arrays.values())
 
     def _write(self, key: bytes, arrays: dict[str, mx.array], meta: dict[str, str]) -> None:
-        if not self.enabled:
+        if not self.enabled or time.monotonic() > self._stop_by:
             return
         path = self._path(key)
         tmp = path.with_name(TMP_PREFIX + path.name)  # mx.save_safetensors wants the suffix
@@ -180,8 +183,10 @@ class DiskTier:
             total -= size
 
     def close(self) -> None:
-        """Write what is queued, then stop the writer (the tier is off from then on)."""
+        """Write what is queued (for CLOSE_WRITE_S at most), then stop the writer (the tier is off
+        from then on)."""
         if self._writer.is_alive():
+            self._stop_by = time.monotonic() + CLOSE_WRITE_S
             self._queue.put(None)
             self._writer.join()
         self.enabled = False

@@ -16,6 +16,8 @@ import asyncio
 import itertools
 import logging
 import multiprocessing as mp
+import os
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +37,9 @@ from mlx_serve.engine.types import Finished
 
 log = logging.getLogger("mlx_serve.engine")
 STATS_TIMEOUT_S = 5.0
+# A stopping child ends its step and writes its prompt cache's blocks to disk before it exits
+# (engine.batch.block_store's close, bounded by engine.batch.disk_tier.CLOSE_WRITE_S).
+STOP_GRACE_S = 30.0
 
 
 class ProcessEngine(ProcessWatchdog, EngineClient):
@@ -137,8 +142,9 @@ class ProcessEngine(ProcessWatchdog, EngineClient):
         if child is not None:
             self._stop_reading(child)
             child.outbox.close()
-            child.process.terminate()
-            child.process.join(5)
+            _end_of_requests(child.conn)  # the child's reader meets the end: it stops as it would
+            # waited for off the event loop; not a daemon thread, so this process outlives it
+            threading.Thread(target=_reap, args=(child.process,), name="engine-stop", daemon=False).start()
             self._on_death(child, child.process.exitcode)  # any stream still open gets its error
 
     def _accepting(self) -> bool:
@@ -298,3 +304,21 @@ class ProcessEngine(ProcessWatchdog, EngineClient):
         self.restarts += 1
         self.state, self.error = EngineState.LOADING, f"engine process died (exit code {exitcode})"
         self._spawn()
+
+
+def _reap(process: Any) -> None:
+    """A stopping child's end: on its own within STOP_GRACE_S, else terminated."""
+    process.join(STOP_GRACE_S)
+    if process.is_alive():
+        process.terminate()
+        process.join(5)
+
+
+def _end_of_requests(conn: Any) -> None:
+    """Shut the server's half of the pipe for writing (through a duplicate of its socket, so the
+    outbox's thread and `conn` keep valid descriptors): the child reads the end of its requests."""
+    try:
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # already closed, or the child is gone

@@ -40,7 +40,10 @@ def serve_child(conn: Any, build: Any, build_args: tuple[Any, ...], log_level: i
         if outbox:
             items = outbox[:]
             del outbox[:]
-            send(Events(items))
+            try:
+                send(Events(items))
+            except OSError:  # the server is gone: no one to answer; stop as at the end of requests
+                inbox.put(None)
 
     def emitter(rid: str) -> Any:
         def emit(ev: Emitted | ServeError) -> None:

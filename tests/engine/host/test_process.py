@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -33,6 +36,7 @@ class Script:
     load_error: str = ""
     fatal: bool = False
     pieces: tuple[str, ...] = tuple(PIECES)
+    stop_marker: str = ""  # a file the core's on_stop writes, after a pause (a prompt cache's blocks)
 
 
 def build_scripted(counters: Counters, script: Script) -> tuple[Core, dict[str, Any]]:
@@ -45,7 +49,15 @@ def build_scripted(counters: Counters, script: Script) -> tuple[Core, dict[str, 
         raise RuntimeError(script.load_error)
     scheduler = Scheduler(SchedulerConfig(max_running=4), frozenset({EOS}))
     runner = ScriptedRunner(list(script.pieces), script.step_s)
-    return Core(scheduler, runner, FakeTokenizer(list(script.pieces)), counters), {"model_id": "scripted"}
+    core = Core(scheduler, runner, FakeTokenizer(list(script.pieces)), counters)
+    if script.stop_marker:
+
+        def on_stop() -> None:
+            time.sleep(1.0)
+            Path(script.stop_marker).write_text("written")
+
+        core.on_stop = on_stop
+    return core, {"model_id": "scripted"}
 
 
 def engine_for(script: Script) -> ProcessEngine:
@@ -283,6 +295,29 @@ def test_process_engine_stopped_with_a_request_in_flight_fails_it() -> None:
         return None
 
     assert isinstance(run(go()), EngineFailed)
+
+
+def test_a_stopping_engine_process_finishes_its_own_stop_before_it_exits(tmp_path: Path) -> None:
+    """A server's stop lets the child end as it would (its prompt cache writes its blocks to disk
+    there: a restart starts from them) instead of killing it."""
+    marker = tmp_path / "closed"
+
+    async def go() -> int | None:
+        engine = engine_for(Script(stop_marker=str(marker)))
+        engine.start()
+        await engine.wait_ready()
+        child = engine._child
+        assert child is not None
+        await drain(engine.submit([request("r1")]))
+        engine.stop()  # returns at once: the child is waited for off the event loop, by this thread
+        for thread in threading.enumerate():
+            if thread.name == "engine-stop":
+                thread.join(20)
+        return cast("int | None", child.process.exitcode)
+
+    exitcode = run(go())
+    assert marker.read_text() == "written"
+    assert exitcode == 0
 
 
 @pytest.mark.parametrize("fatal", [False, True])
