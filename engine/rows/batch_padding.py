@@ -130,6 +130,15 @@ def _install() -> None:
 
     def finalize(self: BatchKVCache) -> None:
         known, right = host_padding(self), getattr(self, _RIGHT, None)
+        if right is not None and len(set(right)) == 1:
+            # Every row padded alike (one row joining at a ladder width, the common case): the
+            # padding follows each row's own tokens, which causal attention kept from seeing it,
+            # so it is trimmed off the end. mlx-lm's roll would move it to the left by a gather
+            # over each layer's whole KV, a cached prefix of 12k tokens included.
+            self.trim(right[0])
+            self._right_padding = None  # type: ignore[attr-defined]
+            setattr(self, _RIGHT, None)
+            return
         mlx_finalize(self)
         setattr(self, _RIGHT, None)
         if known is not None and right is not None:

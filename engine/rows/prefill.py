@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlx_serve.engine.model.mlx_boundary import BatchKVCache, PromptProcessingBatch
+from mlx_serve.engine.model.mlx_boundary import PromptProcessingBatch
 from mlx_serve.engine.rows.batch_padding import concat_rows
 
 
@@ -31,7 +31,8 @@ def prompt_lazily(batch: PromptProcessingBatch, tokens: list[list[int]], width: 
     first sampled token's forward, queued behind that decode step. The same operations run in
     the same order, so the numerics are prompt()'s. Rows are right-padded to the longest, as
     prompt() pads them, or to `width` when that is longer (the padding is rolled to the left of
-    each row's cache by the caches' finalize(), as in prompt()).
+    each row's cache by the caches' finalize(), as in prompt(), or trimmed off the end where every
+    row has the same: engine.rows.batch_padding).
     """
     for held, more in zip(batch.tokens, tokens):
         held += more
@@ -39,16 +40,6 @@ def prompt_lazily(batch: PromptProcessingBatch, tokens: list[list[int]], width: 
     longest = max(lengths + [width])
     padding = [longest - n for n in lengths]
     padded = max(padding) > 0
-    if padded and len(set(padding)) == 1 and all(type(c) is BatchKVCache for c in batch.prompt_cache):
-        # Every row padded alike (one row joining at a ladder width, the common case): the padding
-        # follows each row's own tokens, which causal attention keeps from seeing it, so it is
-        # trimmed off the caches' end. prompt()'s roll would move the padding to the left by a
-        # gather over each layer's whole KV, cached prefix included: a 400-token chunk after a
-        # 12k-token cached prefix spent most of its time there on an 8B model.
-        batch.model(mx.array([t + [0] * p for t, p in zip(tokens, padding)]), cache=batch.prompt_cache)
-        for c in batch.prompt_cache:
-            c.trim(padding[0])
-        return
     if padded:
         for c in batch.prompt_cache:
             c.prepare(lengths=lengths, right_padding=padding)
