@@ -29,7 +29,7 @@ from mlx_serve.protocols import anthropic_messages
 from mlx_serve.protocols.anthropic_request import MESSAGES_DECODER, InputMessage, MessagesBody
 from mlx_serve.protocols.contract import Defaults, ProtocolContext
 from tests.e2e import clis
-from tests.support.server_proc import ServerProcess
+from tests.support.server_proc import ServerProcess, access_count
 
 pytestmark = [
     pytest.mark.real,
@@ -63,14 +63,6 @@ def result_of(run: clis.Run) -> dict[str, Any]:
 
 def assistant_blocks(run: clis.Run) -> list[dict[str, Any]]:
     return [b for e in run.of_type("assistant") for b in e["message"]["content"]]
-
-
-def cached_tokens(access_line: str) -> int:
-    return int(access_line.split(" cached_tokens=")[1].split()[0])
-
-
-def prompt_tokens(access_line: str) -> int:
-    return int(access_line.split(" prompt_tokens=")[1].split()[0])
 
 
 def test_default_request_is_accepted_and_too_long_for_an_8k_model(
@@ -111,7 +103,9 @@ def test_calls_its_bash_tool_and_gets_the_result_back(tool_model: ServerProcess,
     assert len(lines) >= 2 and all("status=200" in ln for ln in lines)  # every turn answered
     # The turn after the tool resends the conversation: it starts from the first turn's cache
     # (all of its prompt but a partial last block of 256 tokens), and Claude Code is told so.
-    assert cached_tokens(lines[1]) >= prompt_tokens(lines[0]) - 256 > 0, lines[:2]
+    assert access_count(lines[1], "cached_tokens") >= access_count(lines[0], "prompt_tokens") - 256 > 0, (
+        lines[:2]
+    )
     turns = [e["message"]["usage"] for e in run.of_type("assistant")]
     assert max(u.get("cache_read_input_tokens") or 0 for u in turns) > 0, turns
     result = result_of(run)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import clis
-from tests.support.server_proc import ServerProcess
+from tests.support.server_proc import ServerProcess, access_count
 
 pytestmark = [
     pytest.mark.real,
@@ -57,11 +57,6 @@ def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     server = clis.serve(TOOL_MODEL, optional=True, log=tmp_path_factory.mktemp("logs") / "codex-tools.log")
     yield server
     server.close()
-
-
-def cached(access_line: str, field: str) -> int:
-    """A count from the server's access log line (`cached_tokens=N`, `prompt_tokens=N`)."""
-    return int(access_line.split(f" {field}=")[1].split()[0])
 
 
 def responses_lines(server: ServerProcess, at_least: int, wait_s: float = 30) -> list[str]:
@@ -138,7 +133,9 @@ def test_calls_its_shell_tool_and_gets_the_result_back(tool_model: ServerProcess
     if len(lines) >= 2:  # Codex sent the call's outcome back within the bound (the 0.5B is slow here)
         # The next request resends the conversation and starts from the first one's cache (all
         # of its prompt but a partial last block of 256 tokens).
-        assert cached(lines[1], "cached_tokens") >= cached(lines[0], "prompt_tokens") - 256 > 0, lines[:2]
+        assert access_count(lines[1], "cached_tokens") >= access_count(lines[0], "prompt_tokens") - 256 > 0, (
+            lines[:2]
+        )
     commands = items(run, "command_execution")
     if commands:
         assert MARKER in commands[0]["command"] and MARKER in commands[0]["aggregated_output"]

@@ -89,6 +89,11 @@ class ServerProcess:
         self._log.close()
 
 
+def access_count(line: str, field: str) -> int:
+    """A count from one line of the server's access log (`cached_tokens=N`, `prompt_tokens=N`)."""
+    return int(line.split(f" {field}=")[1].split()[0])
+
+
 def assert_disconnect_stops_generation(
     server: ServerProcess, path: str, body: dict[str, object], lines_before_leaving: int
 ) -> None:
