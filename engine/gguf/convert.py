@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_serve.engine.gguf.arch import Architecture, architecture_for, model_config
+from mlx_serve.engine.gguf.derived import evict_stale, name_source
 from mlx_serve.engine.gguf.reader import GGUFFile, read_gguf
 from mlx_serve.engine.gguf.tensors import (
     GROUP_SIZE,
@@ -41,7 +42,6 @@ from mlx_serve.engine.gguf.vocab import eos_token_ids
 # Bump whenever the folder's contents would change for the same GGUF file.
 CONVERTER_VERSION = 4
 CACHE_ENV = "MLX_SERVE_CACHE"
-SOURCE_FILE = "mlx-serve-source.json"  # in each conversion: the GGUF file it was made from
 SHARD_BYTES = 1 << 30
 
 Progress = Callable[[str], None]
@@ -67,30 +67,16 @@ def convert_gguf(path: str | Path, cache_root: Path | None = None, progress: Pro
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the cache is as readable as any download
     try:
-        (staging / SOURCE_FILE).write_text(json.dumps({"source": str(source)}))
+        name_source(staging, source)
         _write_model(gguf, arch, config, staging, notify)
         _publish(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     notify(f"converted {source.name}")
-    evict_stale(folder)
+    evict_stale(
+        folder, lambda s: cache_folder(s, folder.parent.parent) if s.is_file() else None, "the conversion"
+    )
     return folder
-
-
-def evict_stale(keep: Path) -> None:
-    """Delete the conversions beside `keep` whose GGUF file is gone or has changed since (a
-    re-installed package, a newer converter): each would otherwise stay on disk for good."""
-    for other in keep.parent.iterdir():
-        if other == keep or other.name.startswith(".") or not (other / SOURCE_FILE).is_file():
-            continue
-        try:
-            source = Path(json.loads((other / SOURCE_FILE).read_text())["source"])
-            stale = not source.is_file() or cache_folder(source, keep.parent.parent) != other
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if stale:
-            shutil.rmtree(other, ignore_errors=True)
-            log.info("deleted the conversion %s: its GGUF file %s is gone or has changed", other, source)
 
 
 def cache_folder(source: Path, cache_root: Path | None = None) -> Path:

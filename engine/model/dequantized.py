@@ -9,7 +9,7 @@ and its config and weight files (name, size, modification time), so a changed mo
 copy. It costs disk: four bytes a weight (SmolLM2 0.5 GB, Qwen2.5-Coder-1.5B 6 GB); delete the
 folder to reclaim it. A copy is written only while the disk keeps at least as much again free
 (and FREE_MARGIN_BYTES); one that cannot be written is only logged. Each copy names its source
-(SOURCE_FILE); writing a copy deletes the copies of that same source made before it changed and
+(engine.gguf.derived); writing a copy deletes the copies of that same source made before it changed and
 those whose source folder is gone, so a model re-converted, or one served from a temporary
 folder, does not leave gigabytes behind.
 """
@@ -25,12 +25,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, cast
 
+from mlx_serve.engine.gguf.derived import evict_stale, name_source
+
 log = logging.getLogger("mlx_serve.loader")
 
 WEIGHT_SUFFIX = ".safetensors"
 SKIPPED = frozenset({"config.json", "model.safetensors.index.json"})
 FREE_MARGIN_BYTES = 2 << 30
-SOURCE_FILE = "mlx-serve-source.json"
 
 
 def copy_folder(source: Path, root: Path) -> Path:
@@ -66,8 +67,10 @@ def save_copy(model: Any, source: Path, target: Path) -> None:
         for f in source.iterdir():
             if f.is_file() and f.suffix != WEIGHT_SUFFIX and f.name not in SKIPPED:
                 shutil.copy2(f, scratch / f.name)
-        (scratch / SOURCE_FILE).write_text(json.dumps({"source": str(source.resolve())}))
-        evict_stale(target.parent, keep=target)
+        name_source(scratch, source.resolve())
+        evict_stale(
+            target, lambda s: copy_folder(s, target.parent.parent) if s.is_dir() else None, "the float32 copy"
+        )
         os.replace(scratch, target)
         log.info("wrote the float32 weights to %s: later starts load them as they are", target)
     except OSError as exc:
@@ -77,19 +80,3 @@ def save_copy(model: Any, source: Path, target: Path) -> None:
             log.warning(
                 "could not keep the float32 weights in %s (%s): each start dequantizes again", target, exc
             )
-
-
-def evict_stale(folder: Path, keep: Path) -> None:
-    """Delete the copies in `folder` whose source is gone or has changed since (its copy now
-    has another key), except `keep`. Copies that do not name their source are left alone."""
-    for copy in folder.iterdir():
-        if copy == keep or copy.name.startswith(".") or not (copy / SOURCE_FILE).is_file():
-            continue
-        try:
-            source = Path(json.loads((copy / SOURCE_FILE).read_text())["source"])
-            stale = not source.is_dir() or copy_folder(source, folder.parent) != copy
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if stale:
-            shutil.rmtree(copy, ignore_errors=True)
-            log.info("deleted the float32 copy %s: its model folder %s is gone or has changed", copy, source)

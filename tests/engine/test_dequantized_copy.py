@@ -11,6 +11,7 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
+from mlx_serve.engine.gguf import derived
 from mlx_serve.engine.model import dequantized
 from mlx_serve.engine.model.loader import is_quantized, load_model, prepare
 
@@ -80,4 +81,4 @@ def test_writing_a_copy_deletes_those_whose_model_folder_is_gone_or_changed(tmp_
     assert new_b != old_b
     dequantized.save_copy(model, b, new_b)
     assert new_b.is_dir() and not old_a.exists() and not old_b.exists() and unnamed.is_dir()
-    assert json.loads((new_b / dequantized.SOURCE_FILE).read_text()) == {"source": str(b.resolve())}
+    assert json.loads((new_b / derived.SOURCE_FILE).read_text()) == {"source": str(b.resolve())}
