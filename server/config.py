@@ -136,7 +136,22 @@ def _read_toml(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
             values[key] = parse_size(values[key])
     if isinstance(values.get("allowed_origins"), str):
         values["allowed_origins"] = parse_origins(values["allowed_origins"])
+    _named_models(values, path, parser)
     return values
+
+
+def _named_models(values: dict[str, Any], path: Path, parser: argparse.ArgumentParser) -> None:
+    """`model = "NAME=SOURCE"` or a list of them, as repeated `--model NAME=SOURCE` flags."""
+    from mlx_serve.server.models_file import is_named
+
+    model = values.get("model")
+    if not (isinstance(model, list) or (isinstance(model, str) and is_named(model))):
+        return
+    given = model if isinstance(model, list) else [model]
+    if not all(isinstance(m, str) and is_named(m) for m in given):
+        parser.error(f"--config {path}: `model` as a list wants NAME=SOURCE strings, got {model!r}")
+    del values["model"]
+    values["named_models"] = [*values.get("named_models", []), *given]
 
 
 def _check(cfg: Config, parser: argparse.ArgumentParser) -> None:

@@ -76,6 +76,24 @@ def test_repeated_model_flags_name_their_models() -> None:
     assert config.idle_unload_s == 60
 
 
+def test_a_config_file_names_models_as_the_flags_do(tmp_path: Path) -> None:
+    one = tmp_path / "one.toml"
+    one.write_text('model = "coder=/m/coder"\n')
+    config = load_config(["--config", str(one)])
+    assert is_many(config) and config.model is None
+    assert [(e.name, e.source) for e in model_entries(config)] == [("coder", "/m/coder")]
+    two = tmp_path / "two.toml"
+    two.write_text('model = ["coder=/m/coder", "small=/m/small.gguf"]\npin = ["small"]\n')
+    entries = model_entries(load_config(["--config", str(two)]))
+    assert [(e.name, e.source, e.pinned) for e in entries] == [
+        ("coder", "/m/coder", False),
+        ("small", "/m/small.gguf", True),
+    ]
+    plain = tmp_path / "plain.toml"
+    plain.write_text('model = "/models/some=thing/x"\n')
+    assert load_config(["--config", str(plain)]).model == "/models/some=thing/x"
+
+
 def test_plain_model_flag_stays_one_model() -> None:
     config = load_config(["--model", "/models/some=thing/x"])  # a path may hold '=' after a '/'
     assert config.model == "/models/some=thing/x" and not is_many(config)
