@@ -62,10 +62,17 @@ def main(argv: list[str] | None = None) -> None:
     from mlx_serve.engine.host.build import prepare_process
     from mlx_serve.engine.host.settings import LOG_FORMAT
 
-    prepare_process(config.blas)
+    engines_are_children = config.engine == "process" and config.shard is None
+    prepare_process(config.blas, computes_here=not engines_are_children)
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
     if config.log_level != "DEBUG":  # its "Running on ..." line repeats our own greeting
         logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
+    from mlx_serve.server.many import is_many
+
+    if engines_are_children and not is_many(config):
+        from mlx_serve.engine.host.spare import start_spare
+
+        start_spare()  # the engine process's imports overlap the server's start-up from here
     if config.use_default_chat_template:
         log.warning("--use-default-chat-template has no effect: the model's own chat template is used")
     if config.shard is not None:

@@ -20,13 +20,17 @@ from mlx_serve.engine.types import Counters
 log = logging.getLogger("mlx_serve.engine")
 
 
-def prepare_process(blas: str) -> None:
-    """Before MLX is imported: the attention choice, then the BLAS (which may re-exec us)."""
+def prepare_process(blas: str, computes_here: bool = True) -> None:
+    """Before MLX is imported: the attention choice, then the BLAS, which re-executes this process
+    when it computes (`computes_here`), else is set for the engine processes it starts."""
     from mlx_serve.engine.model.backend import prefer_shape_free_attention
-    from mlx_serve.engine.model.blas import reexec_with_blas
+    from mlx_serve.engine.model.blas import preload_for_children, reexec_with_blas
 
     prefer_shape_free_attention()  # before the BLAS re-exec, which passes the environment on
-    reexec_with_blas(blas)
+    if computes_here:
+        reexec_with_blas(blas)
+    else:
+        preload_for_children(blas)
 
 
 def tool_call_parsers() -> list[str]:
@@ -41,8 +45,10 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
     from dataclasses import replace
 
     from mlx_serve.engine.encoder.loader import is_encoder, load_encoder
+    from mlx_serve.engine.host.spare import discard_spare
 
     if source.model is not None and is_encoder(source.model):  # an embedding model: no KV, no rows
+        discard_spare()  # its process is the encoder's own
         from mlx_serve.engine.host.encoder import EncoderEngine
         from mlx_serve.engine.host.encoder_process import EncoderProcessEngine
 
@@ -61,6 +67,7 @@ def build(settings: EngineSettings, source: ModelSource) -> EngineClient:
             "a sharded engine runs in its own process (engine.host.shard); --engine thread cannot"
         )
     if source.host == "thread":
+        discard_spare()
         specs: list[ModelSpec] = []  # resolved on the engine thread, like the weights
 
         def load() -> LoadedModel:

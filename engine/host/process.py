@@ -31,6 +31,7 @@ from mlx_serve.engine.host.owner_thread import to_loop
 from mlx_serve.engine.host.process_child import serve_child
 from mlx_serve.engine.host.process_messages import Abort, Events, LoadFailed, Ready, Stats, StatsQuery, Submit
 from mlx_serve.engine.host.process_watch import WATCH_NONCE, ProcessWatchdog
+from mlx_serve.engine.host.spare import take_spare
 from mlx_serve.engine.host.watchdog import STALL_S, TICK_S, Progress
 from mlx_serve.engine.model.tokenizer import spelling_span, warm_prompt_path
 from mlx_serve.engine.types import Finished
@@ -121,16 +122,17 @@ class ProcessEngine(ProcessWatchdog, EngineClient):
         plan = self._plan
         if plan is None or self._stopping:
             return
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(
-            target=serve_child,
-            args=(child, plan.build, plan.build_args, logging.getLogger().getEffectiveLevel()),
-            name="mlx-serve-engine",
-            daemon=True,
-        )
-        proc.start()
-        child.close()
+        args = (plan.build, plan.build_args, logging.getLogger().getEffectiveLevel())
+        spare = take_spare()  # started at launch, its imports done meanwhile (engine.host.spare)
+        if spare is not None:
+            proc, parent = spare
+            parent.send((serve_child, args))
+        else:
+            ctx = mp.get_context("spawn")
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=serve_child, args=(child, *args), name="mlx-serve-engine", daemon=True)
+            proc.start()
+            child.close()
         self._child = ChildProcess(proc, parent, Outbox(parent), reader=FrameReader(parent.fileno()))
         assert self._loop is not None and self._child.reader is not None
         self._loop.add_reader(self._child.reader.fileno(), self._readable, self._child)

@@ -2,7 +2,9 @@
 
 The `mlx[cpu]` wheel bundles the reference BLAS, which makes prefill 10-25x slower than
 OpenBLAS. The library must be preloaded before MLX loads, so the choice is made by
-re-executing the process once with LD_PRELOAD set.
+re-executing the process once with LD_PRELOAD set, or, where only the processes it starts compute
+(a server whose engines are child processes), by setting it for them alone: the server's own
+re-execution cost a second interpreter start and its imports before the engine could start.
 """
 
 from __future__ import annotations
@@ -47,6 +49,19 @@ def reexec_with_blas(choice: str) -> None:
     env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
     env[REEXEC_MARK] = "1"
     os.execve(sys.executable, [sys.executable, "-m", "mlx_serve", *sys.argv[1:]], env)
+
+
+def preload_for_children(choice: str) -> None:
+    """The chosen BLAS for the processes this one starts from now on (not for itself)."""
+    if os.environ.get(REEXEC_MARK):
+        return
+    lib = wanted_preload(choice)
+    if lib is None:
+        return
+    if not Path(lib).exists():
+        raise SystemExit(f"--blas {lib}: no such file")
+    os.environ["LD_PRELOAD"] = ":".join(p for p in (lib, os.environ.get("LD_PRELOAD", "")) if p)
+    os.environ[REEXEC_MARK] = "1"
 
 
 def blas_in_use() -> str:

@@ -21,9 +21,11 @@ import pytest
 from mlx_serve.engine.batch.core import Core
 from mlx_serve.engine.batch.scheduler import Scheduler, SchedulerConfig
 from mlx_serve.engine.errors import EngineFailed
+from mlx_serve.engine.host import spare as spare_module
 from mlx_serve.engine.host.child import ChildPlan
 from mlx_serve.engine.host.client import EngineState
 from mlx_serve.engine.host.process import ProcessEngine
+from mlx_serve.engine.host.spare import discard_spare, start_spare, take_spare
 from mlx_serve.engine.types import Counters, Finished, Request, SamplingParams, TextDelta
 from tests.support.fake_engine import EOS, FakeTokenizer, ScriptedRunner
 
@@ -318,6 +320,32 @@ def test_a_stopping_engine_process_finishes_its_own_stop_before_it_exits(tmp_pat
     exitcode = run(go())
     assert marker.read_text() == "written"
     assert exitcode == 0
+
+
+def test_the_first_engine_process_is_the_spare_started_at_launch_and_a_spare_not_taken_exits() -> None:
+    """server.cli starts a spare engine process before its own start-up (engine.host.spare): the
+    engine's first child is that process, already past its imports."""
+    start_spare()
+    spare = spare_module._spare
+    assert spare is not None
+
+    async def go() -> tuple[list[Any], dict[str, Any]]:
+        engine = engine_for(Script())
+        engine.start()
+        await engine.wait_ready()
+        try:
+            return await drain(engine.submit([request("r1")])), await engine.stats()
+        finally:
+            engine.stop()
+
+    events, stats = run(go())
+    assert stats["engine_pid"] == spare[0].pid and isinstance(events[-1], Finished)
+    assert take_spare() is None  # taken once
+    start_spare()
+    unused = spare_module._spare
+    assert unused is not None
+    discard_spare()  # an embedding model or a thread host never takes it
+    assert not unused[0].is_alive() and take_spare() is None
 
 
 @pytest.mark.parametrize("fatal", [False, True])
