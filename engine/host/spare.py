@@ -51,6 +51,8 @@ def _wait_for_work(conn: Any) -> None:
     import mlx.core  # noqa: F401 - the slow imports, while the server starts
     import mlx_lm.utils  # noqa: F401
 
+    import mlx_serve.engine.host.build  # noqa: F401 - the engine's own
+
     try:
         target, args = conn.recv()
     except (EOFError, OSError):
