@@ -51,7 +51,7 @@ def _wait_for_work(conn: Any) -> None:
     import mlx.core  # noqa: F401 - the slow imports, while the server starts
     import mlx_lm.utils  # noqa: F401
 
-    import mlx_serve.engine.host.build  # noqa: F401 - the engine's own
+    from mlx_serve.engine.host import assemble, process_child  # noqa: F401 - the engine's own
 
     try:
         target, args = conn.recv()
