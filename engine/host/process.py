@@ -283,7 +283,9 @@ class ProcessEngine(ProcessWatchdog, EngineClient):
     def _on_death(self, child: ChildProcess, exitcode: int | None) -> None:
         child.outbox.close()
         message = f"the engine process died (exit code {exitcode}); it is restarting"
-        if not self.restartable:  # one rank of a group cannot rejoin it: the group restarts whole
+        if self._stopping:
+            message = "the server is stopping: the engine process ends"
+        elif not self.restartable:  # one rank of a group cannot rejoin it: the group restarts whole
             from mlx_serve.engine.host.shard import group_lost_message
 
             shard = self.info.get("shard") or {}

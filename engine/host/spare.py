@@ -1,13 +1,12 @@
 """An engine process started at launch, importing MLX and mlx-lm while the server starts.
 
-A one-model server's critical path at start-up was serial: the server's own imports (and, on
-Linux, its re-exec with the chosen BLAS), then the engine process's spawn, whose interpreter
-imports MLX, mlx-lm and transformers again (~1.1 s of a 2-core CPU's start) before it loads a
-weight. `start_spare()` (server.cli, right after that re-exec) spawns the process at once, waiting
-for its work; engine.host.process takes it for its first child and sends it the entry point and
-its arguments, so those imports overlap the server's start-up. A server that never takes it (an
-embedding model, a thread host) discards it; a spare whose server is gone reads the end of its
-pipe and exits.
+A one-model server's critical path at start-up was serial: the server's own imports, then the
+engine process's spawn, whose interpreter imports MLX, mlx-lm and transformers again (~1.1 s of
+a 2-core CPU's start) before it loads a weight. `start_spare()` (server.cli, once the
+configuration is read) spawns the process at once, waiting for its work; engine.host.process
+takes it for its first child and sends it the entry point and its arguments, so those imports
+overlap the server's start-up. A server that never takes it (an embedding model, a thread host)
+discards it; a spare whose server is gone reads the end of its pipe and exits.
 """
 
 from __future__ import annotations
