@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlx_serve.engine")
 
 SUFFIX = ".safetensors"
-CLOSE_WRITE_S = 20.0  # a clean stop writes what is queued for this long; the rest is dropped
+CLOSE_WRITE_S = 10.0  # a clean stop writes what is queued for this long (within a service's 15 s stop margin)
 MAX_PENDING_BYTES = 1 << 30  # evicted blocks waiting for the writer; past it, a spill is skipped
 FORMAT = "1"
 TMP_PREFIX = "writing-"
